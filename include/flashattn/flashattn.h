@@ -1,0 +1,404 @@
+/*
+ * flashattn.h: the public C API of libflashattn.
+ *
+ * Exact attention, softmax(scale * Q K^T + mask) V, computed the FlashAttention way (K and V
+ * streamed through on-chip memory in tiles, the N x N score matrix never written out), on the
+ * CPU or on CUDA GPUs, behind a C ABI that stays stable within a major version.
+ *
+ * Conventions, stated once for every function below:
+ *  - Every function returns a flashattn_status_t; FLASHATTN_SUCCESS is 0. On failure the
+ *    thread-local message flashattn_last_error() says what was wrong; on entry every function
+ *    that returns a status clears it. The status, never the message, says whether a call failed.
+ *  - Output parameters come first and are called `out`. On failure `*out` is left unchanged.
+ *  - No function throws, aborts or exits; bad input returns a status.
+ *  - Handles are opaque. `*_destroy(NULL)` is a no-op that returns FLASHATTN_SUCCESS.
+ *  - A context is used by one thread at a time (its buffers too). A second thread entering a
+ *    context that is in use gets FLASHATTN_ERROR_CONTEXT_BUSY and nothing happens. Different
+ *    contexts are independent and may be used from different threads at once.
+ *  - "Host memory" is ordinary CPU memory; "device memory" is memory of the context's GPU.
+ *    For a CPU context every tensor lives in host memory; for a CUDA context in device memory
+ *    of the context's device (cudaMalloc'd, managed, or a flashattn buffer).
+ *  - CUDA work is asynchronous and ordered on the context's stream: a function returns once the
+ *    work is enqueued, with no device-wide synchronization and, once the context is warm (its
+ *    scratch memory sized by a first call), no allocation, so calls can be captured in a CUDA
+ *    graph. CPU work is finished when the function returns.
+ *  - Tensors are passed as flashattn_tensor_t views: the library reads them during the call
+ *    (and, for CUDA, until the enqueued work completes) and keeps no pointer after it.
+ *
+ * Layout: Q, K, V, O and their gradients are [batch, seqlen, heads, head_dim], with any strides
+ * (counted in elements) whose last one is 1. The log-sum-exp is [batch, heads_q, seqlen_q] fp32.
+ */
+#ifndef FLASHATTN_FLASHATTN_H
+#define FLASHATTN_FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <flashattn/version.h>
+
+#if defined(_WIN32) && !defined(__GNUC__)
+#  ifdef FLASHATTN_BUILDING_LIBRARY
+#    define FLASHATTN_API __declspec(dllexport)
+#  else
+#    define FLASHATTN_API __declspec(dllimport)
+#  endif
+#else
+#  define FLASHATTN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes. Values are fixed and never renumbered; new ones are added inside their group. */
+
+typedef enum flashattn_status {
+  FLASHATTN_SUCCESS = 0,
+
+  /* 1xx: the caller passed something that cannot be right. */
+  FLASHATTN_ERROR_INVALID_ARGUMENT = 100,    /* null pointer or handle, bad enum or option value */
+  FLASHATTN_ERROR_INVALID_SHAPE = 101,       /* rank, sizes, head dims or heads that do not agree */
+  FLASHATTN_ERROR_INVALID_DTYPE = 102,       /* unknown dtype, or dtypes that do not agree */
+  FLASHATTN_ERROR_INVALID_STRIDE = 103,      /* negative, non-unit last, overflowing, overlapping */
+  FLASHATTN_ERROR_INVALID_MEMORY = 104,      /* pointer in the wrong memory, view past its buffer,
+                                                an output sharing memory with another tensor */
+  FLASHATTN_ERROR_WORKSPACE_TOO_SMALL = 105, /* caller's workspace smaller than the query said */
+  FLASHATTN_ERROR_CONTEXT_BUSY = 106,        /* the context is in use by another thread */
+
+  /* 2xx: a valid request this build, backend or device does not support. */
+  FLASHATTN_ERROR_UNSUPPORTED = 200,         /* this configuration is not implemented here */
+  FLASHATTN_ERROR_BACKEND_UNAVAILABLE = 201, /* backend not compiled in, no driver or no device */
+
+  /* 3xx: memory. */
+  FLASHATTN_ERROR_OUT_OF_MEMORY = 300,        /* host allocation failed */
+  FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY = 301, /* device allocation failed; the context stays usable */
+
+  /* 4xx: the device, driver or a CUDA library reported an error. */
+  FLASHATTN_ERROR_DEVICE = 400,
+
+  /* 5xx: a bug in flashattn; please report it with the message. */
+  FLASHATTN_ERROR_INTERNAL = 500
+} flashattn_status_t;
+
+/* Element types. 0 is deliberately not a dtype, so a zero-filled view is rejected. */
+typedef enum flashattn_dtype {
+  FLASHATTN_DTYPE_FLOAT32 = 1,  /* IEEE binary32 (CPU backend only) */
+  FLASHATTN_DTYPE_FLOAT16 = 2,  /* IEEE binary16 */
+  FLASHATTN_DTYPE_BFLOAT16 = 3  /* bfloat16: the upper 16 bits of a binary32 */
+} flashattn_dtype_t;
+
+typedef enum flashattn_backend {
+  FLASHATTN_BACKEND_AUTO = 0, /* CUDA when a device is usable, else the CPU */
+  FLASHATTN_BACKEND_CPU = 1,
+  FLASHATTN_BACKEND_CUDA = 2
+} flashattn_backend_t;
+
+typedef enum flashattn_algorithm {
+  FLASHATTN_ALGORITHM_FLASH = 0,   /* tiled, online softmax, memory linear in seqlen (default) */
+  FLASHATTN_ALGORITHM_STANDARD = 1 /* S = QK^T and P = softmax(S) materialized: the baseline */
+} flashattn_algorithm_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Versions and errors. These need no context and are safe from any thread. */
+
+/* FLASHATTN_VERSION_NUMBER of the library that is loaded. A caller can check that header and
+ * library agree: flashattn_version_number() / 10000 == FLASHATTN_VERSION_MAJOR. */
+FLASHATTN_API unsigned flashattn_version_number(void);
+
+/* "MAJOR.MINOR.PATCH" of the loaded library: a static string, never freed. */
+FLASHATTN_API const char *flashattn_version_string(void);
+
+/* 1 when the loaded library has its CUDA backend compiled in (it may still find no device). */
+FLASHATTN_API int flashattn_has_cuda(void);
+
+/* The name of a status ("FLASHATTN_ERROR_INVALID_SHAPE"): a static string, never NULL, never
+ * freed; "FLASHATTN_UNKNOWN_STATUS" for a value that is not a status. */
+FLASHATTN_API const char *flashattn_status_string(flashattn_status_t status);
+
+/* What the last failing call on this thread found wrong ("k: head_dim 96 differs from q's 128"),
+ * or "" when the last call succeeded. Owned by the library, never NULL, valid on this thread
+ * until its next flashattn call. Reading it does not clear it. */
+FLASHATTN_API const char *flashattn_last_error(void);
+
+/* Copies the last error message of this thread into buf (host memory, len bytes, always
+ * NUL-terminated when len > 0, truncated if needed) and returns the message's full length,
+ * snprintf-style: call with len 0 to size a buffer. Does not change the error state. */
+FLASHATTN_API size_t flashattn_last_error_r(char *buf, size_t len);
+
+/* The number of CUDA devices usable by this process: 0 (and FLASHATTN_SUCCESS) when the CUDA
+ * backend is not compiled in or there is no driver or device. Initializes CUDA on first use.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL */
+FLASHATTN_API flashattn_status_t flashattn_cuda_device_count(int *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Contexts. A context binds one backend and device and owns what work on it needs: the CPU
+ * backend's thread pool; the CUDA backend's stream, cuBLAS handle, device properties and
+ * scratch memory. */
+
+typedef struct flashattn_context *flashattn_context_t;
+
+/* Creates a context. `device` is the CUDA device ordinal (ignored for FLASHATTN_BACKEND_CPU;
+ * for AUTO it is used when CUDA is chosen). The CUDA backend creates its own non-blocking
+ * stream; see flashattn_context_set_stream. *out is owned by the caller: destroy it with
+ * flashattn_context_destroy.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT     out is NULL, unknown backend, negative device
+ * \retval FLASHATTN_ERROR_BACKEND_UNAVAILABLE  CUDA not compiled in, no driver, no such device,
+ *                                              or cuBLAS could not be loaded
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host allocation failed
+ * \retval FLASHATTN_ERROR_DEVICE               a CUDA call failed */
+FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t *out,
+                                                          flashattn_backend_t backend, int device);
+
+/* Destroys a context: waits for its enqueued work, then frees its stream (not a stream set by
+ * the caller), handles, threads and scratch memory. Buffers created from it stay valid until
+ * they are destroyed themselves (a buffer keeps what it needs alive), so contexts and buffers
+ * may be destroyed in any order. NULL is a no-op. Must not race with another call on ctx.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_DEVICE  waiting for the stream reported an earlier asynchronous error
+ *                                 (the context is destroyed all the same) */
+FLASHATTN_API flashattn_status_t flashattn_context_destroy(flashattn_context_t ctx);
+
+/* The backend the context runs on (CPU or CUDA; AUTO is resolved at creation).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL */
+FLASHATTN_API flashattn_status_t flashattn_context_get_backend(flashattn_backend_t *out,
+                                                               flashattn_context_t ctx);
+
+/* The CUDA device ordinal of the context, or -1 for a CPU context.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL */
+FLASHATTN_API flashattn_status_t flashattn_context_get_device(int *out, flashattn_context_t ctx);
+
+/* Makes later work on a CUDA context run on `stream` (a cudaStream_t of the context's device,
+ * owned by the caller, who keeps it alive while the context uses it); NULL returns to the
+ * context's own stream. Work already enqueued is not moved. For a CPU context only NULL is
+ * accepted.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx is NULL, or a non-NULL stream for a CPU context
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using ctx */
+FLASHATTN_API flashattn_status_t flashattn_context_set_stream(flashattn_context_t ctx,
+                                                              void *stream);
+
+/* The stream work is enqueued on (a cudaStream_t; NULL for a CPU context). The caller does not
+ * own it and must not destroy it.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL */
+FLASHATTN_API flashattn_status_t flashattn_context_get_stream(void **out, flashattn_context_t ctx);
+
+/* Sets how many threads a CPU context computes with (0: one per hardware thread, the
+ * default). Has no effect on a CUDA context.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx is NULL, or num_threads is negative
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using ctx */
+FLASHATTN_API flashattn_status_t flashattn_context_set_num_threads(flashattn_context_t ctx,
+                                                                   int num_threads);
+
+/* Blocks the calling thread until all work enqueued on the context's stream has finished
+ * (immediate for a CPU context).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx is NULL
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using ctx
+ * \retval FLASHATTN_ERROR_DEVICE            the stream reported an asynchronous error */
+FLASHATTN_API flashattn_status_t flashattn_context_synchronize(flashattn_context_t ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Buffers: memory owned by the library, for callers with no array type of their own. A CUDA
+ * context's buffers are device memory of its device; a CPU context's are host memory. Both are
+ * aligned to 256 bytes. A view whose data lies in a buffer is checked against the buffer's end. */
+
+typedef struct flashattn_buffer *flashattn_buffer_t;
+
+/* Allocates `bytes` (> 0) of memory for ctx. Contents are undefined. *out is owned by the
+ * caller: destroy it with flashattn_buffer_destroy.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT      out or ctx is NULL, or bytes is 0
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY          another thread is using ctx
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY         host allocation failed
+ * \retval FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY  device allocation failed (ctx stays usable) */
+FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t *out,
+                                                         flashattn_context_t ctx, size_t bytes);
+
+/* Frees a buffer after the work enqueued on its context's stream has finished. Never refused
+ * for a busy context (finalizers may call it from any thread). NULL is a no-op.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_DEVICE  freeing reported an earlier asynchronous error (the buffer is
+ *                                 released all the same) */
+FLASHATTN_API flashattn_status_t flashattn_buffer_destroy(flashattn_buffer_t buf);
+
+/* Copies `bytes` from host memory `src` to the buffer at byte `offset`, ordered after the work
+ * enqueued on the context's stream, and returns when the copy is done (src may be reused).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  buf or src is NULL, or offset + bytes exceeds the
+ *                                           buffer; nothing is copied
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using the buffer's context
+ * \retval FLASHATTN_ERROR_DEVICE            the copy failed */
+FLASHATTN_API flashattn_status_t flashattn_buffer_write(flashattn_buffer_t buf, size_t offset,
+                                                        const void *src, size_t bytes);
+
+/* Copies `bytes` from the buffer at byte `offset` to host memory `dst`, after the work enqueued
+ * on the context's stream, and returns when dst holds them.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  buf or dst is NULL, or offset + bytes exceeds the
+ *                                           buffer; dst is untouched
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using the buffer's context
+ * \retval FLASHATTN_ERROR_DEVICE            the copy failed (dst is undefined) */
+FLASHATTN_API flashattn_status_t flashattn_buffer_read(flashattn_buffer_t buf, size_t offset,
+                                                       void *dst, size_t bytes);
+
+/* The buffer's base address (device memory for a CUDA context), for building tensor views. The
+ * pointer is owned by the buffer and valid until flashattn_buffer_destroy.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or buf is NULL */
+FLASHATTN_API flashattn_status_t flashattn_buffer_data(void **out, flashattn_buffer_t buf);
+
+/* The buffer's size in bytes.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or buf is NULL */
+FLASHATTN_API flashattn_status_t flashattn_buffer_size(size_t *out, flashattn_buffer_t buf);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor views. */
+
+#define FLASHATTN_MAX_RANK 4
+
+/* A strided view of memory the caller owns (or a buffer's). shape[i] and strides[i] (counted in
+ * elements, not bytes) are read for i < rank. Q, K, V, O, dO, dQ, dK, dV have rank 4,
+ * [batch, seqlen, heads, head_dim], strides[3] == 1 and other strides >= 0; the LSE has rank 3,
+ * [batch, heads_q, seqlen_q], dtype FLOAT32. Strides of 0 are allowed in inputs (broadcast);
+ * outputs must not overlap themselves, each other, or any input. */
+typedef struct flashattn_tensor {
+  void *data;
+  flashattn_dtype_t dtype;
+  int32_t rank;
+  int64_t shape[FLASHATTN_MAX_RANK];
+  int64_t strides[FLASHATTN_MAX_RANK];
+} flashattn_tensor_t;
+
+/* Fills *out with a contiguous (row-major) rank-4 view [batch, seqlen, heads, head_dim].
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE     a size is < 1, or their product overflows */
+FLASHATTN_API flashattn_status_t flashattn_tensor_4d(flashattn_tensor_t *out, void *data,
+                                                     flashattn_dtype_t dtype, int64_t batch,
+                                                     int64_t seqlen, int64_t heads,
+                                                     int64_t head_dim);
+
+/* Fills *out with a contiguous rank-3 FLOAT32 view [batch, heads, seqlen] for the LSE.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE     a size is < 1, or their product overflows */
+FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, void *data,
+                                                      int64_t batch, int64_t heads,
+                                                      int64_t seqlen);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options. The struct starts with its own size; fields are only ever appended. The library
+ * reads the first `size` bytes it knows of and defaults the rest; a larger size from a newer
+ * header is accepted when the bytes it does not know are all zero. */
+
+typedef struct flashattn_options {
+  size_t size;             /* sizeof(flashattn_options_t) as the caller compiled it */
+  float softmax_scale;     /* 0 (default): 1/sqrt(head_dim); else used as given (finite) */
+  int32_t causal;          /* 0 or 1; 1 masks key j for query i when j > i + seqlen_k - seqlen_q
+                              (bottom-right aligned, as FlashAttention-2 and cuDNN) */
+  flashattn_algorithm_t algorithm; /* FLASH (default) or STANDARD */
+  int32_t deterministic;   /* 0 or 1; 1: bit-identical backward results run after run */
+} flashattn_options_t;
+
+#define FLASHATTN_OPTIONS_INIT \
+  { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0 }
+
+/* Fills *out with the defaults (what FLASHATTN_OPTIONS_INIT gives).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL */
+FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention. Shapes: q [B, Nq, Hq, D], k and v [B, Nk, Hkv, D], Hq a multiple of Hkv (GQA/MQA:
+ * query head h reads key/value head h / (Hq / Hkv)), 1 <= D <= 256. out, dout, dq like q; dk,
+ * dv like k; lse [B, Hq, Nq] FLOAT32. q, k, v and every output share one dtype. A query row that
+ * the causal mask leaves no key gets output 0 and LSE -inf. */
+
+/* Is this configuration supported by ctx (and, for the backward, `backward` = 1)? Only shapes,
+ * dtypes, strides and options are examined; data pointers may be NULL.
+ * \retval FLASHATTN_SUCCESS            supported
+ * \retval FLASHATTN_ERROR_UNSUPPORTED  valid, but not implemented for this backend or device
+ * \retval FLASHATTN_ERROR_INVALID_*    the views or options are wrong (the message says how) */
+FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
+                                                     const flashattn_tensor_t *q,
+                                                     const flashattn_tensor_t *k,
+                                                     const flashattn_tensor_t *v,
+                                                     const flashattn_options_t *options,
+                                                     int backward);
+
+/* The workspace (bytes of host memory for a CPU context, device memory for CUDA) that
+ * flashattn_forward (backward = 0) or flashattn_backward (backward = 1) needs for this
+ * configuration. Data pointers may be NULL. 0 means none.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported */
+FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t *out, flashattn_context_t ctx,
+                                                          const flashattn_tensor_t *q,
+                                                          const flashattn_tensor_t *k,
+                                                          const flashattn_tensor_t *v,
+                                                          const flashattn_options_t *options,
+                                                          int backward);
+
+/* Forward attention: out = softmax(scale * q k^T + mask) v, and lse = log-sum-exp of each row
+ * of scale * q k^T + mask (natural log; NULL lse: not written).
+ * Memory: all views in the context's memory (see conventions); the caller owns them.
+ * Workspace: NULL with workspace_size 0 uses the context's own scratch (allocated, then kept,
+ * on first need); otherwise at least flashattn_workspace_size bytes in the context's memory,
+ * owned by the caller, not touched after the work completes.
+ * Stream: enqueued on the context's stream (CUDA); done on return (CPU).
+ * Outputs: on a status other than SUCCESS returned before any work starts (every 1xx and 2xx
+ * status) out and lse are untouched; after a 3xx/4xx/5xx status their contents are undefined.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT     ctx, q, k, v, out NULL; NULL data; bad options
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE        ranks, sizes, heads or head dims disagree
+ * \retval FLASHATTN_ERROR_INVALID_DTYPE        dtypes unknown or not all equal; lse not FLOAT32
+ * \retval FLASHATTN_ERROR_INVALID_STRIDE       negative, non-unit last, overflowing, overlapping
+ * \retval FLASHATTN_ERROR_INVALID_MEMORY       a pointer not in the context's memory, a view past
+ *                                              the end of its buffer, an output aliasing another
+ * \retval FLASHATTN_ERROR_WORKSPACE_TOO_SMALL  workspace_size below the query's answer
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY         another thread is using ctx
+ * \retval FLASHATTN_ERROR_UNSUPPORTED          dtype, head dim or device not supported here
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host scratch could not be allocated
+ * \retval FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY device scratch could not be allocated
+ * \retval FLASHATTN_ERROR_DEVICE               a launch or CUDA library call failed */
+FLASHATTN_API flashattn_status_t flashattn_forward(flashattn_context_t ctx,
+                                                   const flashattn_tensor_t *q,
+                                                   const flashattn_tensor_t *k,
+                                                   const flashattn_tensor_t *v,
+                                                   const flashattn_tensor_t *out,
+                                                   const flashattn_tensor_t *lse,
+                                                   const flashattn_options_t *options,
+                                                   void *workspace, size_t workspace_size);
+
+/* Backward attention: given q, k, v, the forward's out and lse (required), and the gradient
+ * dout of the loss with respect to out, writes dq, dk and dv (each overwritten, not added to).
+ * For GQA/MQA dk and dv are summed over the query heads that share a key/value head. Options
+ * must match the forward's (scale, causal). Memory, workspace, stream and output guarantees as
+ * flashattn_forward (outputs: dq, dk, dv).
+ * \retval as flashattn_forward */
+FLASHATTN_API flashattn_status_t flashattn_backward(flashattn_context_t ctx,
+                                                    const flashattn_tensor_t *q,
+                                                    const flashattn_tensor_t *k,
+                                                    const flashattn_tensor_t *v,
+                                                    const flashattn_tensor_t *out,
+                                                    const flashattn_tensor_t *dout,
+                                                    const flashattn_tensor_t *lse,
+                                                    const flashattn_tensor_t *dq,
+                                                    const flashattn_tensor_t *dk,
+                                                    const flashattn_tensor_t *dv,
+                                                    const flashattn_options_t *options,
+                                                    void *workspace, size_t workspace_size);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHATTN_FLASHATTN_H */

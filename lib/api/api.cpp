@@ -1,0 +1,477 @@
+// The extern "C" entry points: argument checks, dispatch to the context's backend, and the
+// firewall (api/last_error.hpp) that turns every failure into a status and a message.
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include <flashattn/flashattn.h>
+
+#include "api/buffer_registry.hpp"
+#include "api/handles.hpp"
+#include "api/last_error.hpp"
+#include "api/validate.hpp"
+
+namespace flashattn {
+
+Workspace ContextState::scratch_of_size(size_t bytes) {
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  if (bytes > scratch_size) {
+    if (scratch != nullptr) backend->deallocate(scratch);
+    scratch = nullptr;
+    scratch_size = 0;
+    scratch = backend->allocate(bytes);  // throws (DEVICE_)OUT_OF_MEMORY; state stays consistent
+    scratch_size = bytes;
+  }
+  return Workspace{scratch, scratch_size};
+}
+
+void ContextState::release_scratch() noexcept {
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  if (scratch != nullptr) backend->deallocate(scratch);
+  scratch = nullptr;
+  scratch_size = 0;
+}
+
+ContextState::~ContextState() { release_scratch(); }
+
+ContextUse::ContextUse(ContextState& state) : state_(state) {
+  bool expected = false;
+  if (!state_.busy.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+    fail(FLASHATTN_ERROR_CONTEXT_BUSY,
+         "the context is in use by another thread (a context serves one thread at a time)");
+  }
+}
+
+ContextUse::~ContextUse() { state_.busy.store(false, std::memory_order_release); }
+
+namespace {
+
+ContextState& state_of(flashattn_context_t ctx) {
+  if (ctx == nullptr || !ctx->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+  return *ctx->state;
+}
+
+template <class T>
+void require_out(T* out) {
+  if (out == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
+}
+
+void require_buffer(flashattn_buffer_t buf) {
+  if (buf == nullptr || !buf->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "buf is NULL");
+}
+
+void check_range(flashattn_buffer_t buf, size_t offset, size_t bytes) {
+  size_t end;
+  if (__builtin_add_overflow(offset, bytes, &end) || end > buf->size) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "offset %zu + bytes %zu exceeds the buffer's %zu bytes", offset, bytes, buf->size);
+  }
+}
+
+// Where each view's memory lives: inside a flashattn buffer it must fit and belong to this
+// context's backend; elsewhere the backend judges the memory space (CUDA can tell device from
+// host memory and find an allocation's end; the CPU takes host pointers on trust).
+void check_memory(const ContextState& state, const std::vector<CheckedView>& views) {
+  for (const CheckedView& v : views) {
+    RegisteredRange range;
+    if (registry_find(v.view->data, &range)) {
+      if (range.owner->backend->kind() != state.backend->kind() ||
+          range.owner->backend->device() != state.backend->device()) {
+        fail(FLASHATTN_ERROR_INVALID_MEMORY,
+             "%s: points into a buffer of another context's %s memory", v.name,
+             range.owner->backend->kind() == FLASHATTN_BACKEND_CUDA ? "device" : "host");
+      }
+      const size_t offset = reinterpret_cast<uintptr_t>(v.view->data) - range.begin;
+      if (v.extent_bytes > range.size - offset) {
+        fail(FLASHATTN_ERROR_INVALID_MEMORY,
+             "%s: the view spans %zu bytes from offset %zu, past the end of its %zu-byte buffer",
+             v.name, v.extent_bytes, offset, range.size);
+      }
+      continue;
+    }
+    state.backend->check_memory(v.view->data, v.extent_bytes, v.name);
+  }
+}
+
+Workspace workspace_for(ContextState& state, size_t needed, void* workspace,
+                        size_t workspace_size, const std::vector<CheckedView>& views) {
+  if (workspace == nullptr && workspace_size == 0) {
+    return needed == 0 ? Workspace{} : state.scratch_of_size(needed);
+  }
+  if (workspace == nullptr) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace is NULL but workspace_size is %zu",
+         workspace_size);
+  }
+  if (workspace_size < needed) {
+    fail(FLASHATTN_ERROR_WORKSPACE_TOO_SMALL,
+         "workspace_size is %zu bytes; this call needs %zu (see flashattn_workspace_size)",
+         workspace_size, needed);
+  }
+  // The workspace is scribbled on: it must not share memory with any tensor.
+  flashattn_tensor_t wsv{};
+  wsv.data = workspace;
+  wsv.dtype = FLASHATTN_DTYPE_FLOAT32;
+  CheckedView cw;
+  cw.name = "workspace";
+  cw.view = &wsv;
+  cw.elem_size = 1;
+  cw.extent_bytes = workspace_size;
+  for (const CheckedView& v : views) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(workspace);
+    const uintptr_t b = reinterpret_cast<uintptr_t>(v.view->data);
+    if (a < b + v.extent_bytes && b < a + workspace_size) {
+      fail(FLASHATTN_ERROR_INVALID_MEMORY, "workspace: shares memory with %s", v.name);
+    }
+  }
+  std::vector<CheckedView> ws_only{cw};
+  wsv.rank = 0;
+  check_memory(state, ws_only);
+  return Workspace{workspace, workspace_size};
+}
+
+}  // namespace
+}  // namespace flashattn
+
+using namespace flashattn;
+
+extern "C" {
+
+FLASHATTN_API unsigned flashattn_version_number(void) { return FLASHATTN_VERSION_NUMBER; }
+
+FLASHATTN_API const char* flashattn_version_string(void) { return FLASHATTN_VERSION_STRING; }
+
+FLASHATTN_API int flashattn_has_cuda(void) { return FLASHATTN_HAS_CUDA; }
+
+FLASHATTN_API const char* flashattn_status_string(flashattn_status_t status) {
+  switch (status) {
+    case FLASHATTN_SUCCESS: return "FLASHATTN_SUCCESS";
+    case FLASHATTN_ERROR_INVALID_ARGUMENT: return "FLASHATTN_ERROR_INVALID_ARGUMENT";
+    case FLASHATTN_ERROR_INVALID_SHAPE: return "FLASHATTN_ERROR_INVALID_SHAPE";
+    case FLASHATTN_ERROR_INVALID_DTYPE: return "FLASHATTN_ERROR_INVALID_DTYPE";
+    case FLASHATTN_ERROR_INVALID_STRIDE: return "FLASHATTN_ERROR_INVALID_STRIDE";
+    case FLASHATTN_ERROR_INVALID_MEMORY: return "FLASHATTN_ERROR_INVALID_MEMORY";
+    case FLASHATTN_ERROR_WORKSPACE_TOO_SMALL: return "FLASHATTN_ERROR_WORKSPACE_TOO_SMALL";
+    case FLASHATTN_ERROR_CONTEXT_BUSY: return "FLASHATTN_ERROR_CONTEXT_BUSY";
+    case FLASHATTN_ERROR_UNSUPPORTED: return "FLASHATTN_ERROR_UNSUPPORTED";
+    case FLASHATTN_ERROR_BACKEND_UNAVAILABLE: return "FLASHATTN_ERROR_BACKEND_UNAVAILABLE";
+    case FLASHATTN_ERROR_OUT_OF_MEMORY: return "FLASHATTN_ERROR_OUT_OF_MEMORY";
+    case FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY: return "FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY";
+    case FLASHATTN_ERROR_DEVICE: return "FLASHATTN_ERROR_DEVICE";
+    case FLASHATTN_ERROR_INTERNAL: return "FLASHATTN_ERROR_INTERNAL";
+  }
+  return "FLASHATTN_UNKNOWN_STATUS";
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cuda_device_count(int* out) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = cuda_device_count();
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t* out,
+                                                          flashattn_backend_t backend,
+                                                          int device) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    if (backend != FLASHATTN_BACKEND_AUTO && backend != FLASHATTN_BACKEND_CPU &&
+        backend != FLASHATTN_BACKEND_CUDA) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend is %d, not a flashattn_backend_t",
+           static_cast<int>(backend));
+    }
+    if (device < 0) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "device is %d, must be >= 0", device);
+    auto state = std::make_shared<ContextState>();
+    if (backend == FLASHATTN_BACKEND_CPU ||
+        (backend == FLASHATTN_BACKEND_AUTO && cuda_device_count() <= device)) {
+      state->backend = make_cpu_backend();
+    } else {
+      state->backend = make_cuda_backend(device);
+    }
+    auto* ctx = new flashattn_context;
+    ctx->state = std::move(state);
+    *out = ctx;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_destroy(flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    if (ctx == nullptr) return;
+    std::shared_ptr<ContextState> state = std::move(ctx->state);
+    delete ctx;
+    if (!state) return;
+    state->release_scratch();
+    state->backend->synchronize();  // reports an earlier asynchronous error, if any
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_get_backend(flashattn_backend_t* out,
+                                                               flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = state_of(ctx).backend->kind();
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_get_device(int* out, flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = state_of(ctx).backend->device();
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_set_stream(flashattn_context_t ctx,
+                                                              void* stream) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    ContextUse use(state);
+    if (stream != nullptr && state.backend->kind() == FLASHATTN_BACKEND_CPU) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "stream: a CPU context takes no stream (pass NULL)");
+    }
+    state.backend->set_stream(stream);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_get_stream(void** out,
+                                                              flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = state_of(ctx).backend->stream();
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_set_num_threads(flashattn_context_t ctx,
+                                                                   int num_threads) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    if (num_threads < 0) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "num_threads is %d, must be >= 0", num_threads);
+    }
+    ContextUse use(state);
+    state.backend->set_num_threads(num_threads);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_context_synchronize(flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    ContextUse use(state);
+    state.backend->synchronize();
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t* out,
+                                                         flashattn_context_t ctx, size_t bytes) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    ContextState& state = state_of(ctx);
+    if (bytes == 0) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes is 0");
+    ContextUse use(state);
+    auto* buf = new flashattn_buffer;
+    try {
+      buf->data = state.backend->allocate(bytes);
+    } catch (...) {
+      delete buf;
+      throw;
+    }
+    buf->state = ctx->state;
+    buf->size = bytes;
+    try {
+      registry_add(buf->data, bytes, buf->state.get());
+    } catch (...) {
+      state.backend->deallocate(buf->data);
+      delete buf;
+      throw;
+    }
+    *out = buf;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_destroy(flashattn_buffer_t buf) {
+  return guarded(__func__, [&] {
+    if (buf == nullptr) return;
+    if (buf->state) {
+      registry_remove(buf->data);
+      buf->state->backend->deallocate(buf->data);
+    }
+    delete buf;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_write(flashattn_buffer_t buf, size_t offset,
+                                                        const void* src, size_t bytes) {
+  return guarded(__func__, [&] {
+    require_buffer(buf);
+    if (src == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "src is NULL");
+    check_range(buf, offset, bytes);
+    ContextUse use(*buf->state);
+    if (bytes == 0) return;
+    buf->state->backend->copy_from_host(static_cast<char*>(buf->data) + offset, src, bytes);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_read(flashattn_buffer_t buf, size_t offset,
+                                                       void* dst, size_t bytes) {
+  return guarded(__func__, [&] {
+    require_buffer(buf);
+    if (dst == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "dst is NULL");
+    check_range(buf, offset, bytes);
+    ContextUse use(*buf->state);
+    if (bytes == 0) return;
+    buf->state->backend->copy_to_host(dst, static_cast<const char*>(buf->data) + offset, bytes);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_data(void** out, flashattn_buffer_t buf) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    require_buffer(buf);
+    *out = buf->data;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_buffer_size(size_t* out, flashattn_buffer_t buf) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    require_buffer(buf);
+    *out = buf->size;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_tensor_4d(flashattn_tensor_t* out, void* data,
+                                                     flashattn_dtype_t dtype, int64_t batch,
+                                                     int64_t seqlen, int64_t heads,
+                                                     int64_t head_dim) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    const int64_t shape[4] = {batch, seqlen, heads, head_dim};
+    int64_t strides[4];
+    int64_t acc = 1;
+    for (int i = 3; i >= 0; --i) {
+      if (shape[i] < 1) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE, "shape[%d] is %lld, must be >= 1", i,
+             static_cast<long long>(shape[i]));
+      }
+      strides[i] = acc;
+      if (__builtin_mul_overflow(acc, shape[i], &acc)) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE, "the element count overflows 64 bits");
+      }
+    }
+    flashattn_tensor_t t{};
+    t.data = data;
+    t.dtype = dtype;
+    t.rank = 4;
+    for (int i = 0; i < 4; ++i) {
+      t.shape[i] = shape[i];
+      t.strides[i] = strides[i];
+    }
+    *out = t;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t* out, void* data,
+                                                      int64_t batch, int64_t heads,
+                                                      int64_t seqlen) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    const int64_t shape[3] = {batch, heads, seqlen};
+    for (int i = 0; i < 3; ++i) {
+      if (shape[i] < 1) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE, "shape[%d] is %lld, must be >= 1", i,
+             static_cast<long long>(shape[i]));
+      }
+    }
+    int64_t hs, bs;
+    if (__builtin_mul_overflow(heads, seqlen, &hs) || __builtin_mul_overflow(hs, batch, &bs)) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE, "the element count overflows 64 bits");
+    }
+    flashattn_tensor_t t{};
+    t.data = data;
+    t.dtype = FLASHATTN_DTYPE_FLOAT32;
+    t.rank = 3;
+    t.shape[0] = batch;
+    t.shape[1] = heads;
+    t.shape[2] = seqlen;
+    t.strides[0] = hs;
+    t.strides[1] = seqlen;
+    t.strides[2] = 1;
+    *out = t;
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t* out) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = read_options(nullptr);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
+                                                     const flashattn_tensor_t* q,
+                                                     const flashattn_tensor_t* k,
+                                                     const flashattn_tensor_t* v,
+                                                     const flashattn_options_t* options,
+                                                     int backward) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    Problem p = validate_problem(q, k, v, options, nullptr);
+    state.backend->check_supported(p, backward != 0);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t* out, flashattn_context_t ctx,
+                                                          const flashattn_tensor_t* q,
+                                                          const flashattn_tensor_t* k,
+                                                          const flashattn_tensor_t* v,
+                                                          const flashattn_options_t* options,
+                                                          int backward) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    ContextState& state = state_of(ctx);
+    Problem p = validate_problem(q, k, v, options, nullptr);
+    state.backend->check_supported(p, backward != 0);
+    *out = state.backend->workspace_size(p, backward != 0);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_forward(flashattn_context_t ctx,
+                                                   const flashattn_tensor_t* q,
+                                                   const flashattn_tensor_t* k,
+                                                   const flashattn_tensor_t* v,
+                                                   const flashattn_tensor_t* out,
+                                                   const flashattn_tensor_t* lse,
+                                                   const flashattn_options_t* options,
+                                                   void* workspace, size_t workspace_size) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    std::vector<CheckedView> views;
+    ForwardArgs args = validate_forward(q, k, v, out, lse, options, &views);
+    state.backend->check_supported(args.problem, false);
+    ContextUse use(state);
+    check_memory(state, views);
+    const size_t needed = state.backend->workspace_size(args.problem, false);
+    Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+    state.backend->forward(args, ws);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_backward(
+    flashattn_context_t ctx, const flashattn_tensor_t* q, const flashattn_tensor_t* k,
+    const flashattn_tensor_t* v, const flashattn_tensor_t* out, const flashattn_tensor_t* dout,
+    const flashattn_tensor_t* lse, const flashattn_tensor_t* dq, const flashattn_tensor_t* dk,
+    const flashattn_tensor_t* dv, const flashattn_options_t* options, void* workspace,
+    size_t workspace_size) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    std::vector<CheckedView> views;
+    BackwardArgs args = validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options, &views);
+    state.backend->check_supported(args.problem, true);
+    ContextUse use(state);
+    check_memory(state, views);
+    const size_t needed = state.backend->workspace_size(args.problem, true);
+    Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+    state.backend->backward(args, ws);
+  });
+}
+
+}  // extern "C"
