@@ -1,18 +1,191 @@
-// Placeholder until the kernels land: every flash request answers "unsupported".
+// Chooses and launches the flash kernel for a problem: by device capability, dtype and padded
+// head dim. What this build did not compile answers "unsupported", never a link error.
+#include <cmath>
+#include <cstdint>
+
 #include "cuda/flash/flash.hpp"
+#include "cuda/flash/params.hpp"
+#include "cuda/sm80/fwd_config.cuh"
+#include "cuda/sm80/launch.hpp"
 
 namespace flashattn {
 namespace cuda {
 
-const char* flash_unsupported_reason(const Problem&, bool, const DeviceInfo&) {
-  return "the flash CUDA kernels are not built yet";
+namespace {
+
+// The compiled head-dim fast paths, ascending (FLASHATTN_HEAD_DIMS at configure time).
+constexpr int kHeadDims[] = {
+#ifdef FLASHATTN_HDIM_64
+    64,
+#endif
+#ifdef FLASHATTN_HDIM_96
+    96,
+#endif
+#ifdef FLASHATTN_HDIM_128
+    128,
+#endif
+#ifdef FLASHATTN_HDIM_192
+    192,
+#endif
+#ifdef FLASHATTN_HDIM_256
+    256,
+#endif
+    0};
+
+#ifdef FLASHATTN_DTYPE_FP16
+constexpr bool kHaveFp16 = true;
+#else
+constexpr bool kHaveFp16 = false;
+#endif
+#ifdef FLASHATTN_DTYPE_BF16
+constexpr bool kHaveBf16 = true;
+#else
+constexpr bool kHaveBf16 = false;
+#endif
+
+// The smallest compiled fast path that holds head_dim, or 0.
+int padded_head_dim(int64_t head_dim) {
+  for (int d : kHeadDims) {
+    if (d != 0 && d >= head_dim) return d;
+  }
+  return 0;
 }
-const char* flash_unsupported_layout(const ForwardArgs&) { return nullptr; }
-const char* flash_unsupported_layout(const BackwardArgs&) { return nullptr; }
-size_t flash_workspace_size(const Problem&, bool, const DeviceInfo&) { return 0; }
-cudaError_t flash_forward(const ForwardArgs&, void*, size_t, const DeviceInfo&, cudaStream_t) {
+
+int fwd_smem(int hdim) {
+  switch (hdim) {
+    case 64: return sm80::FwdConfig<64>::kSmemBytes;
+    case 96: return sm80::FwdConfig<96>::kSmemBytes;
+    case 128: return sm80::FwdConfig<128>::kSmemBytes;
+    case 192: return sm80::FwdConfig<192>::kSmemBytes;
+    case 256: return sm80::FwdConfig<256>::kSmemBytes;
+  }
+  return 0;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool strides_ok(const Tensor4& t) {
+  return t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 && t.stride_head % 8 == 0;
+}
+bool layout_ok(const Tensor4& t) { return aligned16(t.data) && strides_ok(t); }
+
+constexpr const char* kLayoutReason =
+    "the flash CUDA kernels need 16-byte aligned rows: every data pointer 16-byte aligned and "
+    "the batch, seqlen and heads strides multiples of 8 elements (copy the tensor to a "
+    "contiguous layout with head_dim padded to a multiple of 8)";
+
+template <int kHeadDim>
+cudaError_t fwd_for_dtype(DType dtype, const FwdParams& p, cudaStream_t stream) {
+  if (dtype == DType::BF16) {
+#ifdef FLASHATTN_DTYPE_BF16
+    return sm80::launch_fwd<__nv_bfloat16, kHeadDim>(p, stream);
+#endif
+  } else if (dtype == DType::F16) {
+#ifdef FLASHATTN_DTYPE_FP16
+    return sm80::launch_fwd<__half, kHeadDim>(p, stream);
+#endif
+  }
   return cudaErrorNotSupported;
 }
+
+}  // namespace
+
+const char* flash_unsupported_reason(const Problem& p, bool backward, const DeviceInfo& dev) {
+  if (dev.sm_major < 8) {
+    return "the flash CUDA kernels need compute capability 8.0 (Ampere) or newer";
+  }
+  if (p.dtype == DType::F32) {
+    return "the flash CUDA kernels compute in float16 and bfloat16 (float32 runs on the CPU)";
+  }
+  if (p.dtype == DType::F16 && !kHaveFp16) {
+    return "this build has no float16 flash kernels (see FLASHATTN_DTYPES)";
+  }
+  if (p.dtype == DType::BF16 && !kHaveBf16) {
+    return "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
+  }
+  const int hdim = padded_head_dim(p.head_dim);
+  if (hdim == 0) {
+    return "this build has no flash kernel for a head_dim this large (see FLASHATTN_HEAD_DIMS)";
+  }
+  if (p.batch > 65535 || p.heads_q > 65535) {
+    return "the flash CUDA kernels take at most 65535 batches and 65535 heads";
+  }
+  if (static_cast<size_t>(fwd_smem(hdim)) > dev.smem_per_block_optin) {
+    return "this device has too little shared memory per block for this head_dim's flash kernel";
+  }
+  if (backward) return "the flash CUDA backward is not available yet";
+  return nullptr;
+}
+
+const char* flash_unsupported_layout(const ForwardArgs& a) {
+  if (!layout_ok(a.q) || !layout_ok(a.k) || !layout_ok(a.v) || !layout_ok(a.out)) {
+    return kLayoutReason;
+  }
+  return nullptr;
+}
+
+const char* flash_unsupported_layout(const BackwardArgs& a) {
+  for (const Tensor4* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv}) {
+    if (!layout_ok(*t)) return kLayoutReason;
+  }
+  return nullptr;
+}
+
+size_t flash_workspace_size(const Problem&, bool, const DeviceInfo&) { return 0; }
+
+cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&,
+                          cudaStream_t stream) {
+  const Problem& pr = a.problem;
+  FwdParams p{};
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.out.data;
+  p.lse = a.lse.data;
+  p.q_batch_stride = a.q.stride_batch;
+  p.q_row_stride = a.q.stride_seq;
+  p.q_head_stride = a.q.stride_head;
+  p.k_batch_stride = a.k.stride_batch;
+  p.k_row_stride = a.k.stride_seq;
+  p.k_head_stride = a.k.stride_head;
+  p.v_batch_stride = a.v.stride_batch;
+  p.v_row_stride = a.v.stride_seq;
+  p.v_head_stride = a.v.stride_head;
+  p.o_batch_stride = a.out.stride_batch;
+  p.o_row_stride = a.out.stride_seq;
+  p.o_head_stride = a.out.stride_head;
+  p.lse_batch_stride = a.lse.stride_batch;
+  p.lse_head_stride = a.lse.stride_head;
+  p.lse_row_stride = a.lse.stride_seq;
+  p.batch = static_cast<int>(pr.batch);
+  p.seqlen_q = static_cast<int>(pr.seqlen_q);
+  p.seqlen_k = static_cast<int>(pr.seqlen_k);
+  p.heads_q = static_cast<int>(pr.heads_q);
+  p.heads_kv = static_cast<int>(pr.heads_kv);
+  p.group = static_cast<int>(pr.heads_q / pr.heads_kv);
+  p.head_dim = static_cast<int>(pr.head_dim);
+  p.scale = pr.scale;
+  p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
+  p.causal = pr.causal;
+  switch (padded_head_dim(pr.head_dim)) {
+#ifdef FLASHATTN_HDIM_64
+    case 64: return fwd_for_dtype<64>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_96
+    case 96: return fwd_for_dtype<96>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_128
+    case 128: return fwd_for_dtype<128>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_192
+    case 192: return fwd_for_dtype<192>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_256
+    case 256: return fwd_for_dtype<256>(pr.dtype, p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
+
 cudaError_t flash_backward(const BackwardArgs&, void*, size_t, const DeviceInfo&, cudaStream_t) {
   return cudaErrorNotSupported;
 }

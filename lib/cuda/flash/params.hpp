@@ -1,0 +1,63 @@
+// Plain parameter structs the flash kernels take (by value). Strides are in elements.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn {
+namespace cuda {
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+  bool causal;
+};
+
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+  // Workspace (fp32): dq accumulator [batch, heads_q, seqlen_q_rounded, head_dim_padded],
+  // D = rowsum(dO * O) and LSE * log2(e) [batch, heads_q, seqlen_q_rounded], and for GQA the
+  // per-query-head dK/dV partials [batch, heads_q, seqlen_k_rounded, head_dim_padded].
+  float* dq_accum;
+  float* dsum;
+  float* lse_log2;
+  float* dk_accum;
+  float* dv_accum;
+  int* dq_semaphore;  // deterministic mode: [batch, heads_q, n_m_blocks]
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
+  int seqlen_q_rounded, seqlen_k_rounded, head_dim_padded;
+  float scale;
+  float scale_log2;
+  bool causal;
+  bool deterministic;
+};
+
+}  // namespace cuda
+}  // namespace flashattn
