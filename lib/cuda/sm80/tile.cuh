@@ -51,22 +51,25 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
-// Shared-memory byte addresses for ldmatrix on a swizzled tile. A lane's row r (r % 8 fixed)
-// and 8-column half h are set once; the swizzled chunk then depends only on (column / 16) % 4,
-// so four bases cover every k-step, and rows moved by multiples of 8 and 64-column blocks are
-// compile-time offsets.
+// Shared-memory byte addresses for ldmatrix on a swizzled tile. A lane's row r (r % 8 fixed),
+// its 8-column half h and the first 16-column group col16_0 of the warp's slice are set once;
+// the swizzled chunk then depends only on the group's parity mod 4, so four bases cover every
+// k-step, and rows moved by multiples of 8 and groups moved by multiples of 4 are compile-time
+// offsets.
 template <class Tile>
 struct LdsmAddr {
   uint32_t base[4];
-  __device__ __forceinline__ LdsmAddr(const void* smem, int row, int half) {
+  __device__ __forceinline__ LdsmAddr(const void* smem, int row, int half, int col16_0 = 0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      base[j] = smem_u32(smem) + (row * 64 + ((((2 * j) | half) ^ (row & 7)) << 3)) * 2;
+      const int c16 = col16_0 + j;
+      base[j] = smem_u32(smem) + ((c16 >> 2) * Tile::kRows * 64 + row * 64 +
+                                  ((((2 * c16) & 7 | half) ^ (row & 7)) << 3)) * 2;
     }
   }
-  // Rows + row_off (a multiple of 8), columns [16 * c16, 16 * c16 + 16).
-  __device__ __forceinline__ uint32_t at(int row_off, int c16) const {
-    return base[c16 & 3] + ((c16 >> 2) * Tile::kRows * 64 + row_off * 64) * 2;
+  // Rows + row_off (a multiple of 8), columns [16 * (col16_0 + dc16), ... + 16).
+  __device__ __forceinline__ uint32_t at(int row_off, int dc16) const {
+    return base[dc16 & 3] + ((dc16 >> 2) * Tile::kRows * 64 + row_off * 64) * 2;
   }
 };
 
@@ -84,19 +87,12 @@ __device__ __forceinline__ void store_tile(T* gmem, int64_t row_stride, const T*
       const int r = idx / kChunksPerRow;
       const int c = (idx % kChunksPerRow) * 8;
       if (r < rows_valid && c < cols_valid) {
-        const uint4 v = *reinterpret_cast<const uint4*>(smem + Tile::offset(r, c));
+        const T* src = smem + Tile::offset(r, c);
         T* dst = gmem + int64_t(r) * row_stride + c;
         if (c + 8 <= cols_valid) {
-          *reinterpret_cast<uint4*>(dst) = v;
-        } else {  // a partial chunk: 16-bit stores (no local-memory copy of v)
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (j < cols_valid - c) {
-              const uint16_t bits = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
-              *reinterpret_cast<uint16_t*>(dst + j) = bits;
-            }
-          }
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {  // a partial chunk, element by element
+          for (int j = 0; j < cols_valid - c; ++j) dst[j] = src[j];
         }
       }
     }
