@@ -1,6 +1,7 @@
 // The extern "C" entry points: argument checks, dispatch to the context's backend, and the
 // firewall (api/last_error.hpp) that turns every failure into a status and a message.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -46,6 +47,16 @@ ContextUse::ContextUse(ContextState& state) : state_(state) {
 ContextUse::~ContextUse() { state_.busy.store(false, std::memory_order_release); }
 
 namespace {
+
+// The int a caller passed as an enum. C lets any int sit in an enum object; loading an
+// out-of-range value through the C++ enum type is undefined behaviour, so read the bits.
+template <class E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums here are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 ContextState& state_of(flashattn_context_t ctx) {
   if (ctx == nullptr || !ctx->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
@@ -144,7 +155,7 @@ FLASHATTN_API const char* flashattn_version_string(void) { return FLASHATTN_VERS
 FLASHATTN_API int flashattn_has_cuda(void) { return FLASHATTN_HAS_CUDA; }
 
 FLASHATTN_API const char* flashattn_status_string(flashattn_status_t status) {
-  switch (status) {
+  switch (enum_bits(status)) {
     case FLASHATTN_SUCCESS: return "FLASHATTN_SUCCESS";
     case FLASHATTN_ERROR_INVALID_ARGUMENT: return "FLASHATTN_ERROR_INVALID_ARGUMENT";
     case FLASHATTN_ERROR_INVALID_SHAPE: return "FLASHATTN_ERROR_INVALID_SHAPE";
@@ -175,10 +186,11 @@ FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t* o
                                                           int device) {
   return guarded(__func__, [&] {
     require_out(out);
-    if (backend != FLASHATTN_BACKEND_AUTO && backend != FLASHATTN_BACKEND_CPU &&
-        backend != FLASHATTN_BACKEND_CUDA) {
+    const int32_t backend_bits = enum_bits(backend);
+    if (backend_bits != FLASHATTN_BACKEND_AUTO && backend_bits != FLASHATTN_BACKEND_CPU &&
+        backend_bits != FLASHATTN_BACKEND_CUDA) {
       fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend is %d, not a flashattn_backend_t",
-           static_cast<int>(backend));
+           static_cast<int>(backend_bits));
     }
     if (device < 0) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "device is %d, must be >= 0", device);
     auto state = std::make_shared<ContextState>();
@@ -359,7 +371,7 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_4d(flashattn_tensor_t* out, vo
     }
     flashattn_tensor_t t{};
     t.data = data;
-    t.dtype = dtype;
+    std::memcpy(&t.dtype, &dtype, sizeof dtype);  // any int: validated where the view is used
     t.rank = 4;
     for (int i = 0; i < 4; ++i) {
       t.shape[i] = shape[i];

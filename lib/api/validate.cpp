@@ -38,6 +38,16 @@ const char* dtype_string(flashattn_dtype_t t) {
   return "unknown";
 }
 
+// The int a caller stored in an enum field. C lets any int sit in an enum object; reading an
+// out-of-range value through the C++ enum type is undefined behaviour, so read the bits.
+template <class E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums here are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 struct Dim {
   int64_t shape;
   int64_t stride;
@@ -70,9 +80,10 @@ bool nested_layout(Dim* dims, int n) {
 CheckedView check_view(const char* name, const flashattn_tensor_t* t, int rank, bool output,
                        bool need_data) {
   if (t == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
-  if (t->dtype != FLASHATTN_DTYPE_FLOAT32 && t->dtype != FLASHATTN_DTYPE_FLOAT16 &&
-      t->dtype != FLASHATTN_DTYPE_BFLOAT16) {
-    fail(FLASHATTN_ERROR_INVALID_DTYPE, "%s: unknown dtype %d", name, static_cast<int>(t->dtype));
+  const int32_t dtype = enum_bits(t->dtype);
+  if (dtype != FLASHATTN_DTYPE_FLOAT32 && dtype != FLASHATTN_DTYPE_FLOAT16 &&
+      dtype != FLASHATTN_DTYPE_BFLOAT16) {
+    fail(FLASHATTN_ERROR_INVALID_DTYPE, "%s: unknown dtype %d", name, static_cast<int>(dtype));
   }
   const char* const* dim_names = rank == 4 ? kDimNames4 : kDimNamesLse;
   if (t->rank != rank) {
@@ -291,10 +302,11 @@ flashattn_options_t read_options(const flashattn_options_t* options) {
   if (o.causal != 0 && o.causal != 1) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: causal is %d, must be 0 or 1", o.causal);
   }
-  if (o.algorithm != FLASHATTN_ALGORITHM_FLASH && o.algorithm != FLASHATTN_ALGORITHM_STANDARD) {
+  const int32_t algorithm = enum_bits(o.algorithm);
+  if (algorithm != FLASHATTN_ALGORITHM_FLASH && algorithm != FLASHATTN_ALGORITHM_STANDARD) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
          "options: algorithm is %d, must be FLASHATTN_ALGORITHM_FLASH (0) or _STANDARD (1)",
-         static_cast<int>(o.algorithm));
+         static_cast<int>(algorithm));
   }
   if (o.deterministic != 0 && o.deterministic != 1) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: deterministic is %d, must be 0 or 1",
