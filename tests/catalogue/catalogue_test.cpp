@@ -1,0 +1,445 @@
+// Runs every case of tests/catalogue/bad_inputs.tsv (format: FORMAT.md) through the public C API:
+// builds the valid baseline call, applies the case's mutations, makes the call and checks the
+// status, the last-error fragment, that no buffer (outputs poisoned beforehand) changed, and that
+// workspace_size left its sentinel output alone. Uses flashattn.h only, as a C caller would.
+#include <doctest/doctest.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <flashattn/flashattn.h>
+
+#ifndef FLASHATTN_CATALOGUE_FILE
+#error "FLASHATTN_CATALOGUE_FILE must name bad_inputs.tsv"
+#endif
+
+namespace {
+
+struct Case {
+  int line = 0;
+  std::string id, op, mutations, status_name, fragment;
+};
+
+std::string catalogue_path() {
+  const char* env = std::getenv("FLASHATTN_CATALOGUE");
+  return env != nullptr && env[0] != '\0' ? env : FLASHATTN_CATALOGUE_FILE;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+// Throws std::runtime_error for a malformed file: a broken catalogue must fail loudly.
+std::vector<Case> load_catalogue(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::vector<Case> cases;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> f = split(line, '\t');
+    if (f.size() != 5) {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": expected 5 tab-separated fields, got " +
+                               std::to_string(f.size()));
+    }
+    Case c;
+    c.line = n;
+    c.id = f[0];
+    c.op = f[1];
+    c.mutations = f[2];
+    c.status_name = f[3];
+    c.fragment = f[4];
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Every status the header defines; names come from the library itself.
+const int kStatuses[] = {0, 100, 101, 102, 103, 104, 105, 106, 200, 201, 300, 301, 400, 500};
+
+flashattn_status_t status_of(int code) {
+  flashattn_status_t s;
+  static_assert(sizeof(s) == sizeof(int), "flashattn_status_t is int-sized");
+  std::memcpy(&s, &code, sizeof s);
+  return s;
+}
+
+bool status_by_name(const std::string& name, int* code) {
+  for (int c : kStatuses) {
+    if (name == flashattn_status_string(status_of(c))) {
+      *code = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Stores v in a 32-bit field (an enum or int32_t) without loading it as the enum type: C allows
+// any int there, C++ would not.
+template <class Field>
+void store32(Field* field, int64_t v) {
+  static_assert(sizeof(Field) == sizeof(int32_t), "32-bit field");
+  if (v < INT32_MIN || v > INT32_MAX) throw std::runtime_error("value does not fit 32 bits");
+  const int32_t x = static_cast<int32_t>(v);
+  std::memcpy(field, &x, sizeof x);
+}
+
+int64_t parse_int(const std::string& s) {
+  if (s.empty()) throw std::runtime_error("empty integer");
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end == nullptr || *end != '\0') throw std::runtime_error("bad integer '" + s + "'");
+  return static_cast<int64_t>(v);
+}
+
+float parse_float(const std::string& s) {
+  if (s == "nan") return std::numeric_limits<float>::quiet_NaN();
+  if (s == "inf") return std::numeric_limits<float>::infinity();
+  if (s == "-inf") return -std::numeric_limits<float>::infinity();
+  errno = 0;
+  char* end = nullptr;
+  float v = std::strtof(s.c_str(), &end);
+  if (errno != 0 || end == nullptr || *end != '\0' || s.empty()) {
+    throw std::runtime_error("bad float '" + s + "'");
+  }
+  return v;
+}
+
+const char* const kTensorNames[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+constexpr int kNumTensors = 9;
+enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV };
+
+int tensor_index(const std::string& name) {
+  for (int i = 0; i < kNumTensors; ++i) {
+    if (name == kTensorNames[i]) return i;
+  }
+  throw std::runtime_error("unknown tensor '" + name + "'");
+}
+
+// Options live at the start of a zero-filled block at least as large as any size the library
+// reads through (FORMAT.md, clarifications).
+constexpr size_t kOptionsStorage = 4096 + 64;
+
+// The baseline call of FORMAT.md, ready to be mutated.
+struct Fixture {
+  static constexpr int64_t B = 2, NQ = 64, NK = 48, HQ = 4, HKV = 2, D = 32;
+
+  flashattn_context_t ctx = nullptr;
+  flashattn_context_t ctx_arg = nullptr;
+  flashattn_buffer_t bufs[kNumTensors] = {};
+  size_t sizes[kNumTensors] = {};
+  flashattn_tensor_t views[kNumTensors] = {};
+  bool present[kNumTensors] = {};
+  alignas(16) unsigned char options_storage[kOptionsStorage] = {};
+  bool options_present = true;
+  std::vector<unsigned char> workspace_block;
+  void* workspace = nullptr;
+  size_t workspace_size = 0;
+  int backward_flag = 0;
+
+  Fixture() {
+    if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0) != FLASHATTN_SUCCESS) {
+      throw std::runtime_error(std::string("context_create: ") + flashattn_last_error());
+    }
+    ctx_arg = ctx;
+    for (int t = 0; t < kNumTensors; ++t) {
+      const bool like_k = t == K || t == V || t == DK || t == DV;
+      void* data = nullptr;
+      size_t bytes = t == LSE ? size_t(B * HQ * NQ) * 4
+                              : size_t(B * (like_k ? NK : NQ) * (like_k ? HKV : HQ) * D) * 4;
+      sizes[t] = bytes;
+      if (flashattn_buffer_create(&bufs[t], ctx, bytes) != FLASHATTN_SUCCESS ||
+          flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
+        throw std::runtime_error(std::string("buffer: ") + flashattn_last_error());
+      }
+      flashattn_status_t st =
+          t == LSE ? flashattn_tensor_lse(&views[t], data, B, HQ, NQ)
+                   : flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B,
+                                         like_k ? NK : NQ, like_k ? HKV : HQ, D);
+      if (st != FLASHATTN_SUCCESS) throw std::runtime_error(flashattn_last_error());
+      present[t] = true;
+    }
+    flashattn_options_t o;
+    if (flashattn_options_init(&o) != FLASHATTN_SUCCESS) throw std::runtime_error("options_init");
+    std::memcpy(options_storage, &o, sizeof o);
+  }
+
+  ~Fixture() {
+    for (flashattn_buffer_t b : bufs) flashattn_buffer_destroy(b);
+    flashattn_context_destroy(ctx);
+  }
+
+  Fixture(const Fixture&) = delete;
+  Fixture& operator=(const Fixture&) = delete;
+
+  // Finite inputs; outputs of `op` poisoned with a byte pattern.
+  void fill(const std::string& op) {
+    for (int t = 0; t < kNumTensors; ++t) {
+      const bool output = op == "forward" ? (t == OUT || t == LSE) : (t == DQ || t == DK || t == DV);
+      std::vector<unsigned char> bytes(sizes[t]);
+      if (output) {
+        std::memset(bytes.data(), 0xA5, bytes.size());
+      } else {
+        const float half = 0.5f;
+        for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &half, 4);
+      }
+      REQUIRE(flashattn_buffer_write(bufs[t], 0, bytes.data(), bytes.size()) == FLASHATTN_SUCCESS);
+    }
+  }
+
+  std::vector<std::vector<unsigned char>> snapshot() {
+    std::vector<std::vector<unsigned char>> s(kNumTensors);
+    for (int t = 0; t < kNumTensors; ++t) {
+      s[t].resize(sizes[t]);
+      REQUIRE(flashattn_buffer_read(bufs[t], 0, s[t].data(), sizes[t]) == FLASHATTN_SUCCESS);
+    }
+    return s;
+  }
+
+  flashattn_options_t* options_ptr() {
+    return options_present ? reinterpret_cast<flashattn_options_t*>(options_storage) : nullptr;
+  }
+
+  const flashattn_tensor_t* view(int t) const { return present[t] ? &views[t] : nullptr; }
+
+  void apply(const std::string& m) {
+    const size_t eq = m.find('=');
+    if (eq == std::string::npos) throw std::runtime_error("mutation without '='");
+    const std::string lhs = m.substr(0, eq);
+    const std::string rhs = m.substr(eq + 1);
+    if (lhs == "ctx") {
+      if (rhs != "null") throw std::runtime_error("ctx takes only null");
+      ctx_arg = nullptr;
+      return;
+    }
+    if (lhs == "options") {
+      if (rhs != "null") throw std::runtime_error("options takes only null");
+      options_present = false;
+      return;
+    }
+    if (lhs == "workspace") {
+      const int64_t n = parse_int(rhs);
+      if (n < 0) throw std::runtime_error("negative workspace");
+      workspace_block.assign(static_cast<size_t>(n) + 1, 0);  // +1: a real pointer even for 0
+      workspace = workspace_block.data();
+      workspace_size = static_cast<size_t>(n);
+      return;
+    }
+    if (lhs == "workspace_size") {
+      workspace_size = static_cast<size_t>(parse_int(rhs));
+      return;
+    }
+    if (lhs == "backward") {
+      backward_flag = static_cast<int>(parse_int(rhs));
+      return;
+    }
+    if (lhs.compare(0, 8, "options.") == 0) {
+      apply_option(lhs.substr(8), rhs);
+      return;
+    }
+    const size_t dot = lhs.find('.');
+    if (dot == std::string::npos) {  // <t>=null
+      if (rhs != "null") throw std::runtime_error("<t>= takes only null");
+      present[tensor_index(lhs)] = false;
+      return;
+    }
+    flashattn_tensor_t& t = views[tensor_index(lhs.substr(0, dot))];
+    const std::string field = lhs.substr(dot + 1);
+    if (field == "dtype") {
+      store32(&t.dtype, parse_int(rhs));
+    } else if (field == "rank") {
+      store32(&t.rank, parse_int(rhs));
+    } else if (field.compare(0, 6, "shape[") == 0 || field.compare(0, 8, "strides[") == 0) {
+      const bool shape = field[1] == 'h';
+      const size_t open = field.find('[');
+      if (field.back() != ']') throw std::runtime_error("bad index");
+      const int64_t i = parse_int(field.substr(open + 1, field.size() - open - 2));
+      if (i < 0 || i >= FLASHATTN_MAX_RANK) throw std::runtime_error("index out of range");
+      (shape ? t.shape : t.strides)[i] = parse_int(rhs);
+    } else if (field == "data") {
+      if (rhs == "null") {
+        t.data = nullptr;
+      } else if (rhs == "misalign") {
+        t.data = static_cast<char*>(t.data) + 1;
+      } else if (rhs.compare(0, 6, "alias:") == 0) {
+        t.data = views[tensor_index(rhs.substr(6))].data;
+      } else {
+        throw std::runtime_error("bad data mutation");
+      }
+    } else {
+      throw std::runtime_error("unknown view field '" + field + "'");
+    }
+  }
+
+  void apply_option(const std::string& field, const std::string& rhs) {
+    unsigned char* o = options_storage;
+    if (field == "size") {
+      const size_t size = static_cast<size_t>(parse_int(rhs));  // two's complement: -1 = SIZE_MAX
+      std::memcpy(o + offsetof(flashattn_options_t, size), &size, sizeof size);
+    } else if (field == "softmax_scale") {
+      const float f = parse_float(rhs);
+      std::memcpy(o + offsetof(flashattn_options_t, softmax_scale), &f, sizeof f);
+    } else if (field == "causal") {
+      store32(reinterpret_cast<int32_t*>(o + offsetof(flashattn_options_t, causal)), parse_int(rhs));
+    } else if (field == "algorithm") {
+      store32(reinterpret_cast<int32_t*>(o + offsetof(flashattn_options_t, algorithm)),
+              parse_int(rhs));
+    } else if (field == "deterministic") {
+      store32(reinterpret_cast<int32_t*>(o + offsetof(flashattn_options_t, deterministic)),
+              parse_int(rhs));
+    } else if (field == "tail") {
+      const int64_t b = parse_int(rhs);
+      if (b < 0 || b > 255) throw std::runtime_error("tail byte out of range");
+      size_t size;
+      std::memcpy(&size, o + offsetof(flashattn_options_t, size), sizeof size);
+      const size_t end = size < kOptionsStorage ? size : kOptionsStorage;
+      for (size_t i = sizeof(flashattn_options_t); i < end; ++i) o[i] = static_cast<unsigned char>(b);
+    } else {
+      throw std::runtime_error("unknown option field '" + field + "'");
+    }
+  }
+
+  // Makes the call; for workspace_size also reports whether *out kept its sentinel.
+  flashattn_status_t call(const std::string& op, bool* out_untouched) {
+    flashattn_options_t* opt = options_ptr();
+    *out_untouched = true;
+    if (op == "forward") {
+      return flashattn_forward(ctx_arg, view(Q), view(K), view(V), view(OUT), view(LSE), opt,
+                               workspace, workspace_size);
+    }
+    if (op == "backward") {
+      return flashattn_backward(ctx_arg, view(Q), view(K), view(V), view(OUT), view(DOUT),
+                                view(LSE), view(DQ), view(DK), view(DV), opt, workspace,
+                                workspace_size);
+    }
+    if (op == "supported") {
+      return flashattn_supported(ctx_arg, view(Q), view(K), view(V), opt, backward_flag);
+    }
+    if (op == "workspace_size") {
+      const size_t sentinel = 0x5eed5eed;
+      size_t out = sentinel;
+      flashattn_status_t st =
+          flashattn_workspace_size(&out, ctx_arg, view(Q), view(K), view(V), opt, backward_flag);
+      *out_untouched = out == sentinel;
+      return st;
+    }
+    throw std::runtime_error("unknown op '" + op + "'");
+  }
+};
+
+const std::vector<Case>& catalogue() {
+  static const std::vector<Case> cases = load_catalogue(catalogue_path());
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status covered") {
+  const std::vector<Case>& cases = catalogue();
+  CHECK(cases.size() >= 40);
+  std::set<std::string> ids;
+  std::set<int> statuses;
+  for (const Case& c : cases) {
+    INFO(catalogue_path() << ":" << c.line << " " << c.id);
+    CHECK(ids.insert(c.id).second);
+    CHECK(c.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+          std::string::npos);
+    CHECK((c.op == "forward" || c.op == "backward" || c.op == "supported" ||
+           c.op == "workspace_size"));
+    int code = -1;
+    CHECK(status_by_name(c.status_name, &code));
+    CHECK(code != 0);  // a catalogue of bad inputs
+    CHECK(!c.fragment.empty());
+    statuses.insert(code);
+  }
+  // Every status of the 1xx and 2xx groups that a CPU context produces for these four calls.
+  // CONTEXT_BUSY needs a second thread and BACKEND_UNAVAILABLE comes from context creation:
+  // neither can be expressed as a mutation of one call.
+  for (int code : {100, 101, 102, 103, 104, 200}) {
+    INFO("status " << std::string(flashattn_status_string(status_of(code))));
+    CHECK(statuses.count(code) == 1);
+  }
+}
+
+TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
+  // Without this, a case could pass for a reason other than its mutation.
+  for (const char* op : {"forward", "backward", "supported", "workspace_size"}) {
+    for (int backward : {0, 1}) {
+      INFO("op " << std::string(op) << " backward=" << backward);
+      Fixture f;
+      f.fill(op);
+      f.backward_flag = backward;
+      bool untouched = true;
+      flashattn_status_t st = f.call(op, &untouched);
+      INFO("last error: " << flashattn_last_error());
+      CHECK(st == FLASHATTN_SUCCESS);
+      CHECK(std::string(flashattn_last_error()).empty());
+    }
+  }
+}
+
+TEST_CASE("catalogue: every case yields its status, message, and leaves memory untouched") {
+  int checked = 0;
+  for (const Case& c : catalogue()) {
+    INFO(catalogue_path() << ":" << c.line << " [" << c.id << "] " << c.op << " " << c.mutations);
+    int expected = -1;
+    REQUIRE(status_by_name(c.status_name, &expected));
+    Fixture f;
+    f.fill(c.op);
+    if (c.mutations != "-") {
+      for (const std::string& m : split(c.mutations, ';')) {
+        try {
+          f.apply(m);
+        } catch (const std::exception& e) {
+          FAIL("mutation '" << m << "': " << e.what());
+        }
+      }
+    }
+    const auto before = f.snapshot();
+    bool out_untouched = true;
+    const flashattn_status_t st = f.call(c.op, &out_untouched);
+    const std::string message = flashattn_last_error();
+    INFO("got " << std::string(flashattn_status_string(st)) << ": " << message);
+    CHECK(static_cast<int>(st) == expected);
+    CHECK(message.find(c.fragment) != std::string::npos);
+    CHECK(out_untouched);
+    // The copy-out variant agrees with the message.
+    std::vector<char> copy(message.size() + 1, 'x');
+    CHECK(flashattn_last_error_r(copy.data(), copy.size()) == message.size());
+    CHECK(std::string(copy.data()) == message);
+    const auto after = f.snapshot();
+    for (int t = 0; t < kNumTensors; ++t) {
+      INFO("buffer of " << kTensorNames[t]);
+      CHECK(before[t] == after[t]);
+    }
+    ++checked;
+  }
+  MESSAGE(checked << " catalogue cases checked");
+}
