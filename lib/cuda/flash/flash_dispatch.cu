@@ -5,6 +5,7 @@
 
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
 #include "cuda/sm80/launch.hpp"
 
@@ -62,6 +63,37 @@ int fwd_smem(int hdim) {
   return 0;
 }
 
+int bwd_smem(int hdim) {
+  switch (hdim) {
+    case 64: return sm80::BwdConfig<64>::kSmemBytes;
+    case 96: return sm80::BwdConfig<96>::kSmemBytes;
+    case 128: return sm80::BwdConfig<128>::kSmemBytes;
+    case 192: return sm80::BwdConfig<192>::kSmemBytes;
+    case 256: return sm80::BwdConfig<256>::kSmemBytes;
+  }
+  return 0;
+}
+
+// The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
+struct BwdWorkspace {
+  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, total = 0;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+BwdWorkspace bwd_workspace(const Problem& p) {
+  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
+                      static_cast<size_t>((p.seqlen_q + 63) / 64 * 64);
+  const size_t hdim = static_cast<size_t>(padded_head_dim(p.head_dim));
+  BwdWorkspace w;
+  w.dq_accum = 0;
+  w.dsum = align256(rows * hdim * 4);
+  w.lse_log2 = w.dsum + align256(rows * 4);
+  w.semaphore = w.lse_log2 + align256(rows * 4);
+  w.total = w.semaphore + align256(rows / 64 * 4);
+  return w;
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool strides_ok(const Tensor4& t) {
   return t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 && t.stride_head % 8 == 0;
@@ -72,6 +104,20 @@ constexpr const char* kLayoutReason =
     "the flash CUDA kernels need 16-byte aligned rows: every data pointer 16-byte aligned and "
     "the batch, seqlen and heads strides multiples of 8 elements (copy the tensor to a "
     "contiguous layout with head_dim padded to a multiple of 8)";
+
+template <int kHeadDim>
+cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, cudaStream_t stream) {
+  if (dtype == DType::BF16) {
+#ifdef FLASHATTN_DTYPE_BF16
+    return sm80::launch_bwd<__nv_bfloat16, kHeadDim>(p, stream);
+#endif
+  } else if (dtype == DType::F16) {
+#ifdef FLASHATTN_DTYPE_FP16
+    return sm80::launch_bwd<__half, kHeadDim>(p, stream);
+#endif
+  }
+  return cudaErrorNotSupported;
+}
 
 template <int kHeadDim>
 cudaError_t fwd_for_dtype(DType dtype, const FwdParams& p, cudaStream_t stream) {
@@ -109,10 +155,10 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.batch > 65535 || p.heads_q > 65535) {
     return "the flash CUDA kernels take at most 65535 batches and 65535 heads";
   }
-  if (static_cast<size_t>(fwd_smem(hdim)) > dev.smem_per_block_optin) {
+  const int smem = backward ? bwd_smem(hdim) : fwd_smem(hdim);
+  if (static_cast<size_t>(smem) > dev.smem_per_block_optin) {
     return "this device has too little shared memory per block for this head_dim's flash kernel";
   }
-  if (backward) return "the flash CUDA backward is not available yet";
   return nullptr;
 }
 
@@ -130,7 +176,9 @@ const char* flash_unsupported_layout(const BackwardArgs& a) {
   return nullptr;
 }
 
-size_t flash_workspace_size(const Problem&, bool, const DeviceInfo&) { return 0; }
+size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo&) {
+  return backward ? bwd_workspace(p).total : 0;
+}
 
 cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&,
                           cudaStream_t stream) {
@@ -186,8 +234,85 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
   }
 }
 
-cudaError_t flash_backward(const BackwardArgs&, void*, size_t, const DeviceInfo&, cudaStream_t) {
-  return cudaErrorNotSupported;
+cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
+                           const DeviceInfo&, cudaStream_t stream) {
+  const Problem& pr = a.problem;
+  const BwdWorkspace w = bwd_workspace(pr);
+  if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  BwdParams p{};
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.out.data;
+  p.dout = a.dout.data;
+  p.lse = a.lse.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.q_batch_stride = a.q.stride_batch;
+  p.q_row_stride = a.q.stride_seq;
+  p.q_head_stride = a.q.stride_head;
+  p.k_batch_stride = a.k.stride_batch;
+  p.k_row_stride = a.k.stride_seq;
+  p.k_head_stride = a.k.stride_head;
+  p.v_batch_stride = a.v.stride_batch;
+  p.v_row_stride = a.v.stride_seq;
+  p.v_head_stride = a.v.stride_head;
+  p.o_batch_stride = a.out.stride_batch;
+  p.o_row_stride = a.out.stride_seq;
+  p.o_head_stride = a.out.stride_head;
+  p.do_batch_stride = a.dout.stride_batch;
+  p.do_row_stride = a.dout.stride_seq;
+  p.do_head_stride = a.dout.stride_head;
+  p.dq_batch_stride = a.dq.stride_batch;
+  p.dq_row_stride = a.dq.stride_seq;
+  p.dq_head_stride = a.dq.stride_head;
+  p.dk_batch_stride = a.dk.stride_batch;
+  p.dk_row_stride = a.dk.stride_seq;
+  p.dk_head_stride = a.dk.stride_head;
+  p.dv_batch_stride = a.dv.stride_batch;
+  p.dv_row_stride = a.dv.stride_seq;
+  p.dv_head_stride = a.dv.stride_head;
+  p.lse_batch_stride = a.lse.stride_batch;
+  p.lse_head_stride = a.lse.stride_head;
+  p.lse_row_stride = a.lse.stride_seq;
+  p.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  p.dsum = reinterpret_cast<float*>(ws + w.dsum);
+  p.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
+  p.dq_semaphore = reinterpret_cast<int*>(ws + w.semaphore);
+  p.batch = static_cast<int>(pr.batch);
+  p.seqlen_q = static_cast<int>(pr.seqlen_q);
+  p.seqlen_k = static_cast<int>(pr.seqlen_k);
+  p.heads_q = static_cast<int>(pr.heads_q);
+  p.heads_kv = static_cast<int>(pr.heads_kv);
+  p.group = static_cast<int>(pr.heads_q / pr.heads_kv);
+  p.head_dim = static_cast<int>(pr.head_dim);
+  p.seqlen_q_rounded = static_cast<int>((pr.seqlen_q + 63) / 64 * 64);
+  p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
+  p.head_dim_padded = padded_head_dim(pr.head_dim);
+  p.scale = pr.scale;
+  p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
+  p.causal = pr.causal;
+  p.deterministic = pr.deterministic;
+  switch (p.head_dim_padded) {
+#ifdef FLASHATTN_HDIM_64
+    case 64: return bwd_for_dtype<64>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_96
+    case 96: return bwd_for_dtype<96>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_128
+    case 128: return bwd_for_dtype<128>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_192
+    case 192: return bwd_for_dtype<192>(pr.dtype, p, stream);
+#endif
+#ifdef FLASHATTN_HDIM_256
+    case 256: return bwd_for_dtype<256>(pr.dtype, p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
 }
 
 }  // namespace cuda

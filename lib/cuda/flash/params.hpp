@@ -42,15 +42,13 @@ struct BwdParams {
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
   int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
-  // Workspace (fp32): dq accumulator [batch, heads_q, seqlen_q_rounded, head_dim_padded],
-  // D = rowsum(dO * O) and LSE * log2(e) [batch, heads_q, seqlen_q_rounded], and for GQA the
-  // per-query-head dK/dV partials [batch, heads_q, seqlen_k_rounded, head_dim_padded].
+  // Workspace: the fp32 dQ accumulator [batch, heads_q, seqlen_q_rounded, head_dim_padded];
+  // D = rowsum(dO * O) and LSE * log2(e), [batch, heads_q, seqlen_q_rounded]; and the
+  // deterministic mode's semaphores [batch, heads_q, seqlen_q_rounded / 64].
   float* dq_accum;
   float* dsum;
   float* lse_log2;
-  float* dk_accum;
-  float* dv_accum;
-  int* dq_semaphore;  // deterministic mode: [batch, heads_q, n_m_blocks]
+  int* dq_semaphore;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
   int seqlen_q_rounded, seqlen_k_rounded, head_dim_padded;
   float scale;

@@ -14,6 +14,9 @@ namespace sm80 {
 template <class T, int kHeadDim>
 cudaError_t launch_fwd(const cuda::FwdParams& p, cudaStream_t stream);
 
+template <class T, int kHeadDim>
+cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream);
+
 
 }  // namespace sm80
 }  // namespace flashattn
