@@ -1,0 +1,61 @@
+/*
+ * flashattn.i: the one SWIG interface of libflashattn, over the public header only
+ * (include/flashattn/flashattn.h). The Python and Go bindings include it from a thin file of
+ * their own (bindings/python/flashattn_swig.i, bindings/go/capi/capi.i), which first defines
+ *
+ *   FLASHATTN_SWIG_RAISE(status)   C code run inside the wrapper when a call failed: it turns
+ *                                  the status and flashattn_last_error() into the language's
+ *                                  error (Python: raises flashattn.Error; Go: the wrapper's
+ *                                  out typemap returns an error value, see capi.i)
+ *
+ * and its language's typemaps for output parameters, handles and raw memory.
+ */
+
+%{
+#include <flashattn/flashattn.h>
+%}
+
+%include <stdint.i>
+
+/* FLASHATTN_API is an export attribute; it means nothing to a wrapper. */
+#define __attribute__(x)
+
+/* Every function returning a flashattn_status_t: a failing status becomes the language's error.
+ * The message is read right after the call, in the same wrapper, so on the same thread as the
+ * call that set it (it is thread-local). The status, never the message, says whether it failed. */
+%exception {
+  $action
+  if (result != FLASHATTN_SUCCESS) {
+    FLASHATTN_SWIG_RAISE(result);
+  }
+}
+/* Functions that return something other than a status, and the structs' accessors. */
+%noexception flashattn_version_number;
+%noexception flashattn_version_string;
+%noexception flashattn_has_cuda;
+%noexception flashattn_status_string;
+%noexception flashattn_last_error;
+%noexception flashattn_last_error_r;
+%noexception flashattn_tensor;
+%noexception flashattn_options;
+%noexception flashattn_tensor::~flashattn_tensor;
+%noexception flashattn_options::~flashattn_options;
+%noexception flashattn_tensor::data;
+%noexception flashattn_tensor::dtype;
+%noexception flashattn_tensor::rank;
+%noexception flashattn_tensor::shape;
+%noexception flashattn_tensor::strides;
+%noexception flashattn_options::size;
+%noexception flashattn_options::softmax_scale;
+%noexception flashattn_options::causal;
+%noexception flashattn_options::algorithm;
+%noexception flashattn_options::deterministic;
+
+/* 0 or 1 depending on how the library was built, so a generated binding would depend on the
+ * build too: callers ask the loaded library with flashattn_has_cuda(). */
+%ignore FLASHATTN_HAS_CUDA;
+/* A C initializer list, not a value: bindings call flashattn_options_init(). */
+%ignore FLASHATTN_OPTIONS_INIT;
+
+%include <flashattn/version.h>
+%include <flashattn/flashattn.h>

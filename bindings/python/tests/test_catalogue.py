@@ -1,0 +1,215 @@
+"""Every case of the bad-input catalogue (tests/catalogue/bad_inputs.tsv, format in
+tests/catalogue/FORMAT.md) run through the low layer, flashattn.flashattn_swig: the call raises
+flashattn.Error with the expected status and a message holding the expected fragment, and no
+buffer changes (outputs are poisoned beforehand). FLASHATTN_CATALOGUE names another file.
+
+The low layer returns workspace_size's `out` instead of taking it, so the C runner's sentinel
+check has no counterpart here: a failing call returns nothing."""
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashattn import flashattn_swig as low
+
+REPO = Path(__file__).resolve().parents[3]
+CATALOGUE = Path(os.environ.get("FLASHATTN_CATALOGUE") or REPO / "tests" / "catalogue" / "bad_inputs.tsv")
+
+B, NQ, NK, HQ, HKV, D = 2, 64, 48, 4, 2, 32
+SHAPES = {
+    "q": (B, NQ, HQ, D), "k": (B, NK, HKV, D), "v": (B, NK, HKV, D), "out": (B, NQ, HQ, D),
+    "lse": (B, HQ, NQ), "dout": (B, NQ, HQ, D), "dq": (B, NQ, HQ, D), "dk": (B, NK, HKV, D),
+    "dv": (B, NK, HKV, D),
+}
+OUTPUTS = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv"), "supported": (),
+           "workspace_size": ()}
+POISON = 0xA5
+OPTIONS_BLOCK = 4096
+INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class Case:
+    def __init__(self, line, fields):
+        self.line = line
+        self.id, self.op, self.mutations, self.status, self.fragment = fields
+
+
+def load(path):
+    """The cases of the catalogue; a malformed line fails the whole run, loudly."""
+    cases = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.rstrip("\r")
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 5:
+            raise ValueError("%s:%d: 5 tab-separated fields expected, got %d" % (path, n, len(fields)))
+        case = Case(n, fields)
+        if case.op not in OUTPUTS:
+            raise ValueError("%s:%d: unknown op %r" % (path, n, case.op))
+        cases.append(case)
+    if not cases:
+        raise ValueError("%s: no cases" % path)
+    return cases
+
+
+CASES = load(CATALOGUE)
+STATUSES = {low.flashattn_status_string(c): c for c in range(1000)}
+STATUSES.pop("FLASHATTN_UNKNOWN_STATUS", None)
+
+
+def _int32(value, what):
+    if not INT32[0] <= value <= INT32[1]:
+        raise ValueError("%s=%d does not fit the 32-bit field" % (what, value))
+    return value
+
+
+def _float(text):
+    return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(text) or float(text)
+
+
+class Call:
+    """The baseline call of the format, built through the low layer."""
+
+    def __init__(self, op):
+        self.op = op
+        self.ctx = low.flashattn_context_create(low.FLASHATTN_BACKEND_CPU, 0)
+        self.call_ctx = self.ctx
+        self.buffers, self.views, self.passed, self.contents = {}, {}, {}, {}
+        for name, shape in SHAPES.items():
+            nbytes = int(np.prod(shape)) * 4
+            buf = low.flashattn_buffer_create(self.ctx, nbytes)
+            self.buffers[name] = buf
+            if name in OUTPUTS[op]:
+                data = np.full(nbytes, POISON, dtype=np.uint8)
+            else:
+                data = np.full(nbytes // 4, 0.5, dtype=np.float32).view(np.uint8)
+            low.flashattn_buffer_write(buf, 0, data)
+            self.contents[name] = data
+            t = low.flashattn_tensor_t()
+            address = low.flashattn_buffer_data(buf)
+            if name == "lse":
+                low.flashattn_tensor_lse(t, address, B, HQ, NQ)
+            else:
+                low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *shape)
+            self.views[name] = self.passed[name] = t
+        # The options sit at the start of a zero-filled block, so sizes up to 4096 read zeros.
+        self.options_block = np.zeros(OPTIONS_BLOCK, dtype=np.uint8)
+        self.options = low.options_at(self.options_block.ctypes.data)
+        low.flashattn_options_init(self.options)
+        self.options_sizeof = self.options.size
+        self.pass_options = True
+        self.workspace_memory = None
+        self.workspace, self.workspace_size = None, 0
+        self.backward_flag = 0
+
+    def mutate(self, text):
+        key, _, value = text.partition("=")
+        if not _:
+            raise ValueError("mutation %r has no '='" % text)
+        if key == "ctx" and value == "null":
+            self.call_ctx = None
+        elif key == "options" and value == "null":
+            self.pass_options = False
+        elif key.startswith("options."):
+            self._mutate_options(key[len("options."):], value)
+        elif key == "workspace":
+            n = int(value)
+            self.workspace_memory = np.zeros(max(n, 1), dtype=np.uint8)
+            self.workspace, self.workspace_size = self.workspace_memory.ctypes.data, n
+        elif key == "workspace_size":
+            self.workspace_size = int(value)
+        elif key == "backward":
+            self.backward_flag = int(value)
+        elif key in self.views and value == "null":
+            self.passed[key] = None
+        else:
+            self._mutate_view(key, value)
+
+    def _mutate_options(self, field, value):
+        o = self.options
+        if field == "size":
+            o.size = int(value) & ((1 << 64) - 1)
+        elif field == "softmax_scale":
+            o.softmax_scale = _float(value)
+        elif field in ("causal", "algorithm", "deterministic"):
+            setattr(o, field, _int32(int(value), "options." + field))
+        elif field == "tail":
+            end = min(o.size, OPTIONS_BLOCK)
+            self.options_block[self.options_sizeof:end] = int(value)
+        else:
+            raise ValueError("unknown options field %r" % field)
+
+    def _mutate_view(self, key, value):
+        name, _, field = key.partition(".")
+        if name not in self.views:
+            raise ValueError("unknown tensor %r" % name)
+        t = self.views[name]
+        if field in ("dtype", "rank"):
+            setattr(t, field, _int32(int(value), key))
+        elif field.startswith(("shape[", "strides[")) and field.endswith("]"):
+            attr, index = field[:-1].split("[")
+            values = list(getattr(t, attr))
+            values[int(index)] = int(value)
+            setattr(t, attr, values)
+        elif field == "data":
+            if value == "null":
+                t.data = None
+            elif value == "misalign":
+                t.data = t.data + 1
+            elif value.startswith("alias:"):
+                t.data = self.views[value[len("alias:"):]].data
+            else:
+                raise ValueError("unknown data mutation %r" % value)
+        else:
+            raise ValueError("unknown mutation %r" % key)
+
+    def run(self):
+        p = self.passed
+        opts = self.options if self.pass_options else None
+        if self.op == "forward":
+            low.flashattn_forward(self.call_ctx, p["q"], p["k"], p["v"], p["out"], p["lse"], opts,
+                                  self.workspace, self.workspace_size)
+        elif self.op == "backward":
+            low.flashattn_backward(self.call_ctx, p["q"], p["k"], p["v"], p["out"], p["dout"],
+                                   p["lse"], p["dq"], p["dk"], p["dv"], opts, self.workspace,
+                                   self.workspace_size)
+        elif self.op == "supported":
+            low.flashattn_supported(self.call_ctx, p["q"], p["k"], p["v"], opts, self.backward_flag)
+        else:
+            low.flashattn_workspace_size(self.call_ctx, p["q"], p["k"], p["v"], opts,
+                                         self.backward_flag)
+
+    def changed_buffers(self):
+        changed = []
+        for name, buf in self.buffers.items():
+            now = np.empty_like(self.contents[name])
+            low.flashattn_buffer_read(buf, 0, now)
+            if not np.array_equal(now, self.contents[name]):
+                changed.append(name)
+        return changed
+
+    def close(self):
+        for buf in self.buffers.values():
+            low.flashattn_buffer_destroy(buf)
+        low.flashattn_context_destroy(self.ctx)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case):
+    assert case.status in STATUSES, "line %d: unknown status %s" % (case.line, case.status)
+    call = Call(case.op)
+    try:
+        if case.mutations != "-":
+            for m in case.mutations.split(";"):
+                call.mutate(m)
+        with pytest.raises(low.Error) as caught:
+            call.run()
+        err = caught.value
+        assert err.status_name == case.status, "line %d: %s" % (case.line, err)
+        assert case.fragment in err.message, "line %d: %s" % (case.line, err)
+        assert call.changed_buffers() == [], "line %d: a rejected call wrote memory" % case.line
+    finally:
+        call.close()
