@@ -1,36 +1,145 @@
-// Placeholder until the CPU backend lands.
+// The CPU backend: host memory, a thread pool, and the flash and standard algorithms of
+// kernels_impl.hpp, compiled per instruction set and picked once when the backend is created.
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 #include "core/backend.hpp"
 #include "core/error.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/plan.hpp"
+#include "cpu/thread_pool.hpp"
 
 namespace flashattn {
 namespace {
+
+using cpu::KernelSet;
+
+constexpr int kMaxThreads = 1024;
+constexpr size_t kMaxAllocation = size_t(1) << 47;  // the x86-64 user address space
+
+int isa_rank(const char* name) {
+  if (std::strcmp(name, "generic") == 0) return 0;
+  if (std::strcmp(name, "avx2") == 0) return 1;
+  if (std::strcmp(name, "avx512") == 0) return 2;
+  return 99;  // unknown: no limit
+}
+
+// The best instruction set this CPU (and OS) supports, lowered by FLASHATTN_CPU_ISA
+// ("generic", "avx2" or "avx512") when set, so every copy can be tested on one machine.
+const KernelSet& select_kernels() {
+  int best = 0;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    best = 1;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
+      best = 2;
+    }
+  }
+#endif
+  if (const char* limit = std::getenv("FLASHATTN_CPU_ISA")) best = std::min(best, isa_rank(limit));
+#if defined(__x86_64__)
+  if (best == 2) return cpu::kernels_avx512();
+  if (best == 1) return cpu::kernels_avx2();
+#endif
+  return cpu::kernels_generic();
+}
+
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() : kernels_(select_kernels()), threads_(clamp_threads(cpu::hardware_threads())) {}
+
   flashattn_backend_t kind() const override { return FLASHATTN_BACKEND_CPU; }
   int device() const override { return -1; }
-  void check_supported(const Problem&, bool) const override {
-    fail(FLASHATTN_ERROR_UNSUPPORTED, "not yet");
+
+  void check_supported(const Problem& p, bool) const override {
+    if (p.dtype != DType::F32 && p.dtype != DType::F16 && p.dtype != DType::BF16) {
+      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend has no dtype %d", static_cast<int>(p.dtype));
+    }
+    if (p.head_dim < 1 || p.head_dim > 256) {
+      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend supports head_dim 1 to 256, not %lld",
+           static_cast<long long>(p.head_dim));
+    }
   }
-  size_t workspace_size(const Problem&, bool) const override { return 0; }
-  void forward(const ForwardArgs&, Workspace) override {}
-  void backward(const BackwardArgs&, Workspace) override {}
+
+  size_t workspace_size(const Problem& p, bool backward) const override {
+    return cpu::make_plan(p, backward, threads_.load()).total;
+  }
+
+  void forward(const ForwardArgs& args, Workspace ws) override {
+    const cpu::Plan plan = planned(args.problem, false, ws);
+    kernels_.forward(args, plan, static_cast<char*>(ws.data), pool());
+  }
+
+  void backward(const BackwardArgs& args, Workspace ws) override {
+    const cpu::Plan plan = planned(args.problem, true, ws);
+    kernels_.backward(args, plan, static_cast<char*>(ws.data), pool());
+  }
+
   void* allocate(size_t bytes) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!p) fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "could not allocate %zu bytes", bytes);
+    if (bytes > kMaxAllocation) {
+      fail(FLASHATTN_ERROR_OUT_OF_MEMORY,
+           "cannot allocate %zu bytes of host memory (more than the address space holds)", bytes);
+    }
+    const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = std::aligned_alloc(256, rounded);
+    if (p == nullptr) fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "could not allocate %zu bytes of host memory", bytes);
     return p;
   }
-  void deallocate(void* p) noexcept override { std::free(p); }
-  void copy_from_host(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
-  void copy_to_host(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void deallocate(void* ptr) noexcept override { std::free(ptr); }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  // Every tensor of a CPU context is host memory; there is nothing the CPU can verify about a
+  // host pointer short of touching it.
   void check_memory(const void*, size_t, const char*) const override {}
+
   void set_stream(void*) override {}
   void* stream() const override { return nullptr; }
   void synchronize() override {}
-  void set_num_threads(int) override {}
+
+  void set_num_threads(int n) override {
+    const int threads = clamp_threads(n == 0 ? cpu::hardware_threads() : n);
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (threads == threads_.load()) return;
+    pool_.reset();  // joins the old workers; the next call starts the new ones
+    threads_.store(threads);
+  }
+
+ private:
+  static int clamp_threads(int n) { return std::max(1, std::min(n, kMaxThreads)); }
+
+  cpu::Plan planned(const Problem& p, bool backward, const Workspace& ws) const {
+    cpu::Plan plan = cpu::make_plan(p, backward, threads_.load());
+    if (ws.size < plan.total || (plan.total > 0 && ws.data == nullptr)) {
+      fail(FLASHATTN_ERROR_INTERNAL, "the workspace holds %zu bytes; the CPU plan needs %zu",
+           ws.size, plan.total);
+    }
+    return plan;
+  }
+
+  cpu::ThreadPool& pool() {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (!pool_) pool_ = std::make_unique<cpu::ThreadPool>(threads_.load());
+    return *pool_;
+  }
+
+  const KernelSet& kernels_;
+  std::atomic<int> threads_;  // read by workspace_size, which may run beside set_num_threads
+  std::mutex pool_mutex_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
 };
+
 }  // namespace
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
 }  // namespace flashattn

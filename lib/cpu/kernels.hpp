@@ -1,0 +1,27 @@
+// The compute routines of the CPU backend, compiled once per instruction set (kernels_*.cpp)
+// and picked at run time. Each entry runs a whole forward or backward on the pool, with scratch
+// from `ws` laid out by `plan`.
+#pragma once
+
+#include "core/problem.hpp"
+#include "cpu/plan.hpp"
+#include "cpu/thread_pool.hpp"
+
+namespace flashattn {
+namespace cpu {
+
+struct KernelSet {
+  const char* isa;
+  void (*forward)(const ForwardArgs& args, const Plan& plan, char* ws, ThreadPool& pool);
+  void (*backward)(const BackwardArgs& args, const Plan& plan, char* ws, ThreadPool& pool);
+};
+
+// Baseline x86-64 (SSE2) or the target's default instruction set: always available.
+const KernelSet& kernels_generic();
+#if defined(__x86_64__)
+const KernelSet& kernels_avx2();    // AVX2 + FMA
+const KernelSet& kernels_avx512();  // AVX-512 F/VL/BW/DQ + FMA
+#endif
+
+}  // namespace cpu
+}  // namespace flashattn

@@ -1,0 +1,659 @@
+// The CPU attention algorithms, flash and standard, forward and backward. This file is compiled
+// once per instruction set: a kernels_<isa>.cpp includes kernels_prelude.hpp, turns the
+// instruction set on, defines the macros below and includes this file (which includes nothing
+// itself, and keeps all it defines in an anonymous namespace).
+//
+//   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
+//   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
+//                                               FA_NVMAX  vectors of columns of that block
+//
+// Layouts: every tile is fp32, row-major, rows padded to a multiple of 16 floats (zeros in the
+// padding). The flash paths keep per-thread tiles only; the standard paths materialize S and P.
+// Scores are computed in log2 units: Q (or K) is multiplied by scale * log2(e), so that
+// softmax needs exp2 only; the LSE is converted back to natural log on output.
+
+namespace flashattn {
+namespace cpu {
+namespace FA_ISA_NS {
+namespace {
+
+constexpr int W = FA_W;
+constexpr int RMAX = FA_RMAX;
+constexpr int NVMAX = FA_NVMAX;
+constexpr int KC = 256;  // GEMM depth per pass, so the B panel stays in L2
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+static_assert(kBlockK % W == 0 && kPad % W == 0, "tiles must hold whole vectors");
+
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+
+inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline vf splat(float s) { return s - vf{}; }  // x - 0 == x for every x, so this folds
+inline vf select(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+inline vf vmax(vf a, vf b) { return select(a > b, a, b); }
+
+// 2^x to about 1 ulp (a degree-7 polynomial on [-0.5, 0.5]); 0 below -126, including -inf;
+// NaN stays NaN.
+inline vf exp2v(vf x) {
+  const vi nan = x != x;
+  const vi underflow = x < splat(-126.0f);
+  x = select(underflow, splat(-126.0f), x);
+  x = select(x > splat(127.0f), splat(127.0f), x);
+  const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf r = x + shifter;
+  const vf n = r - shifter;
+  const vf f = x - n;
+  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
+  p = p * f + splat(1.5403530393381608e-4f);
+  p = p * f + splat(1.3333558146428443e-3f);
+  p = p * f + splat(9.6181291076284772e-3f);
+  p = p * f + splat(5.5504108664821580e-2f);
+  p = p * f + splat(2.4022650695910071e-1f);
+  p = p * f + splat(6.9314718055994531e-1f);
+  p = p * f + splat(1.0f);
+  const vi e = ((vi)r - (vi)shifter) << 23;
+  const vf y = (vf)(((vi)p + e) & ~underflow);
+  return select(nan, x + x, y);
+}
+
+inline float hmax(vf v) {
+  float r = v[0];
+  for (int i = 1; i < W; ++i) r = std::max(r, v[i]);
+  return r;
+}
+inline float hsum(vf v) {
+  float r = v[0];
+  for (int i = 1; i < W; ++i) r += v[i];
+  return r;
+}
+
+// ---- GEMM: C[M x N] (+)= A[M x K] * B[K x N] -------------------------------------------------
+// A(m, k) = A[m * sam + k * sak] (so a transposed A is sam = 1); B and C row-major with leading
+// dimensions ldb, ldc; N is a multiple of W. A register block of R rows x NV vectors of C stays
+// in registers over the whole depth.
+
+using MicroFn = void (*)(int, const float*, int64_t, int64_t, const float*, int64_t, float*,
+                         int64_t, bool);
+
+template <int R, int NV>
+void micro(int K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t ldb,
+           float* C, int64_t ldc, bool accumulate) {
+  vf c[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) c[r][v] = accumulate ? vload(C + r * ldc + v * W) : vf{};
+  for (int k = 0; k < K; ++k) {
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * W);
+    for (int r = 0; r < R; ++r) {
+      const vf a = splat(A[r * sam + k * sak]);
+      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * W, c[r][v]);
+}
+
+template <int R, size_t... V>
+constexpr std::array<MicroFn, NVMAX> micro_row(std::index_sequence<V...>) {
+  return {{&micro<R, static_cast<int>(V) + 1>...}};
+}
+template <size_t... R>
+constexpr std::array<std::array<MicroFn, NVMAX>, RMAX> micro_table(std::index_sequence<R...>) {
+  return {{micro_row<static_cast<int>(R) + 1>(std::make_index_sequence<NVMAX>())...}};
+}
+constexpr std::array<std::array<MicroFn, NVMAX>, RMAX> kMicro =
+    micro_table(std::make_index_sequence<RMAX>());
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
+          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t nvec = N / W;
+  for (int64_t k0 = 0; k0 < K || (k0 == 0 && !accumulate); k0 += KC) {
+    const int kc = static_cast<int>(std::min<int64_t>(KC, K - k0));
+    const bool acc = accumulate || k0 > 0;
+    for (int64_t v0 = 0; v0 < nvec; v0 += NVMAX) {
+      const int nv = static_cast<int>(std::min<int64_t>(NVMAX, nvec - v0));
+      for (int64_t m0 = 0; m0 < M; m0 += RMAX) {
+        const int r = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
+        kMicro[r - 1][nv - 1](kc, A + m0 * sam + k0 * sak, sam, sak, B + k0 * ldb + v0 * W,
+                              ldb, C + m0 * ldc + v0 * W, ldc, acc);
+      }
+    }
+    if (K == 0) break;
+  }
+}
+
+// ---- Rows -----------------------------------------------------------------------------------
+
+inline float row_max(const float* s, int64_t n) {
+  vf m = vload(s);
+  for (int64_t j = W; j < n; j += W) m = vmax(m, vload(s + j));
+  return hmax(m);
+}
+
+// s = exp2(s - shift) in place; returns the sum.
+inline float exp_row(float* s, int64_t n, float shift) {
+  vf sum{};
+  const vf sh = splat(shift);
+  for (int64_t j = 0; j < n; j += W) {
+    const vf e = exp2v(vload(s + j) - sh);
+    vstore(s + j, e);
+    sum += e;
+  }
+  return hsum(sum);
+}
+
+inline void scale_row(float* s, int64_t n, float f) {
+  const vf fv = splat(f);
+  for (int64_t j = 0; j < n; j += W) vstore(s + j, vload(s + j) * fv);
+}
+
+inline void fill_row(float* s, int64_t begin, int64_t end, float value) {
+  for (int64_t j = begin; j < end; ++j) s[j] = value;
+}
+
+// dS = P * (dP - delta), in place over dP.
+inline void ds_row(const float* p, float* dp, int64_t n, float delta) {
+  const vf dv = splat(delta);
+  for (int64_t j = 0; j < n; j += W) vstore(dp + j, vload(p + j) * (vload(dp + j) - dv));
+}
+
+// ---- Storage types --------------------------------------------------------------------------
+
+struct F32 {
+  using T = float;
+  static float load(float x) { return x; }
+  static float store(float x) { return x; }
+};
+struct F16 {
+  using T = uint16_t;
+  static float load(uint16_t x) { return fp16_load(x); }
+  static uint16_t store(float x) { return float_to_fp16(x); }
+};
+struct BF16 {
+  using T = uint16_t;
+  static float load(uint16_t x) { return bf16_load(x); }
+  static uint16_t store(float x) { return float_to_bf16(x); }
+};
+
+template <class E>
+inline const typename E::T* in_row(const Tensor4& t, int64_t b, int64_t n, int64_t h) {
+  return static_cast<const typename E::T*>(t.data) + b * t.stride_batch + n * t.stride_seq +
+         h * t.stride_head;
+}
+template <class E>
+inline typename E::T* out_row(const Tensor4& t, int64_t b, int64_t n, int64_t h) {
+  return static_cast<typename E::T*>(t.data) + b * t.stride_batch + n * t.stride_seq +
+         h * t.stride_head;
+}
+inline float* lse_at(const LseView& l, int64_t b, int64_t h, int64_t i) {
+  return l.data + b * l.stride_batch + h * l.stride_head + i * l.stride_seq;
+}
+
+// dst[0, d) = mul * src, dst[d, dp) = 0.
+template <class E>
+inline void pack_row(float* dst, const typename E::T* src, int d, int dp, float mul) {
+  for (int k = 0; k < d; ++k) dst[k] = E::load(src[k]) * mul;
+  for (int k = d; k < dp; ++k) dst[k] = 0.0f;
+}
+
+// Rows [n0, n0 + count) of (b, h) transposed into dst[k * ld + j] = mul * x[n0 + j][k] for
+// k < d; columns [count, count_pad) are zeroed.
+template <class E>
+void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_t n0, int count,
+                     int count_pad, int64_t h, int d, float mul) {
+  for (int j = 0; j < count; ++j) {
+    const typename E::T* src = in_row<E>(t, b, n0 + j, h);
+    for (int k = 0; k < d; ++k) dst[k * ld + j] = E::load(src[k]) * mul;
+  }
+  for (int k = 0; k < d; ++k)
+    for (int j = count; j < count_pad; ++j) dst[k * ld + j] = 0.0f;
+}
+
+template <class E>
+inline void store_row(typename E::T* dst, const float* src, int d, float mul) {
+  for (int k = 0; k < d; ++k) dst[k] = E::store(src[k] * mul);
+}
+
+inline int vec_round(int n) { return (n + W - 1) / W * W; }
+
+// Keys visible to query row i under the causal mask: [0, i + seqlen_k - seqlen_q], clamped.
+inline int64_t visible_keys(const Problem& p, int64_t i) {
+  if (!p.causal) return p.seqlen_k;
+  return std::min<int64_t>(p.seqlen_k, std::max<int64_t>(0, i + p.seqlen_k - p.seqlen_q + 1));
+}
+
+struct Thread {
+  char* base;
+  float* at(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
+};
+inline Thread thread_area(const Plan& pl, char* ws, int worker) {
+  return Thread{ws + pl.thread_base + static_cast<size_t>(worker) * pl.thread_bytes};
+}
+inline float* shared_at(char* ws, size_t offset) { return reinterpret_cast<float*>(ws + offset); }
+
+// Query tiles are handed out last tile first: under the causal mask they carry the most work.
+struct QTileItem {
+  int64_t b, h, qt;
+};
+inline QTileItem q_tile_item(const Problem& p, const Plan& pl, int64_t item) {
+  const int64_t per_head = pl.tiles_q;
+  const int64_t bh = item / per_head;
+  return QTileItem{bh / p.heads_q, bh % p.heads_q, per_head - 1 - item % per_head};
+}
+
+// ---- Flash forward --------------------------------------------------------------------------
+// One item: a tile of query rows of one (batch, head). K/V tiles stream through; each row keeps
+// a running maximum m and sum l (log2 units), the output accumulator is rescaled by
+// exp2(m_old - m_new) when the maximum grows, and divided by l once at the end.
+
+template <class E>
+void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item,
+                        int worker) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int64_t b = it.b, h = it.h, hk = h / p.group_size();
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const Thread t = thread_area(pl, ws, worker);
+  float* Q = t.at(pl.t_q);
+  float* Kt = t.at(pl.t_kt);
+  float* V = t.at(pl.t_v);
+  float* S = t.at(pl.t_s);
+  float* O = t.at(pl.t_o);
+  float* m = t.at(pl.t_m);
+  float* l = t.at(pl.t_l);
+
+  const float qmul = p.scale * kLog2e;
+  for (int r = 0; r < rows; ++r) pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
+  std::fill(O, O + static_cast<size_t>(rows) * dp, 0.0f);
+  std::fill(m, m + rows, kNegInf);
+  std::fill(l, l + rows, 0.0f);
+
+  const int64_t key_end = visible_keys(p, i0 + rows - 1);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+    const int ncp = vec_round(ncols);
+    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, 1.0f);
+    for (int j = 0; j < ncols; ++j) pack_row<E>(V + j * dp, in_row<E>(a.v, b, j0 + j, hk), d, dp, 1.0f);
+    gemm(rows, ncp, d, Q, dp, 1, Kt, kBlockK, S, kBlockK, false);
+    for (int r = 0; r < rows; ++r) {
+      float* s = S + r * kBlockK;
+      const int lim = static_cast<int>(std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0)));
+      fill_row(s, lim, ncp, kNegInf);
+      const float m_new = std::max(m[r], row_max(s, ncp));
+      if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
+        fill_row(s, 0, ncp, 0.0f);
+        continue;
+      }
+      const float alpha = std::exp2(m[r] - m_new);
+      const float sum = exp_row(s, ncp, m_new);
+      if (alpha != 1.0f) scale_row(O + r * dp, dp, alpha);
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+    }
+    gemm(rows, dp, ncols, S, kBlockK, 1, V, dp, O, dp, true);
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    // l is 0 only for a row that sees no key: output 0, LSE -inf.
+    const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+    store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, inv);
+    if (a.lse.data != nullptr) {
+      *lse_at(a.lse, b, h, i0 + r) = l[r] == 0.0f ? kNegInf : (m[r] + std::log2(l[r])) * kLn2;
+    }
+  }
+}
+
+// ---- Standard forward -----------------------------------------------------------------------
+// S = scale * Q K^T for all of [B, Hq, Nq, Nk] in the workspace, then P = softmax(S) in place
+// (row maximum, exponentials, sum, normalization), then O = P V.
+
+template <class E>
+void pack_kv_item(const Problem& p, const Plan& pl, const Tensor4& src, float* kt_all,
+                  float* rows_all, float kt_mul, int64_t item) {
+  // item: (b, kv head, key tile). kt_all: [B, Hkv, d, nk_pad]; rows_all: [B, Hkv, Nk, dp].
+  const int64_t kt = item % pl.tiles_k, bh = item / pl.tiles_k;
+  const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t j0 = kt * kBlockK;
+  const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+  if (kt_all != nullptr) {
+    const int pad = static_cast<int>(std::min<int64_t>(kBlockK, pl.nk_pad - j0));
+    pack_transposed<E>(kt_all + bh * d * pl.nk_pad + j0, pl.nk_pad, src, b, j0, ncols, pad, hk, d,
+                       kt_mul);
+  }
+  if (rows_all != nullptr) {
+    for (int j = 0; j < ncols; ++j) {
+      pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp, in_row<E>(src, b, j0 + j, hk), d, dp,
+                  1.0f);
+    }
+  }
+}
+
+template <class E>
+void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item,
+                           int worker) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int64_t b = it.b, h = it.h, bhk = b * p.heads_kv + h / p.group_size();
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t nkp = pl.nk_pad;
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const Thread t = thread_area(pl, ws, worker);
+  float* Q = t.at(pl.t_q);
+  float* O = t.at(pl.t_o);
+  const float* Kt = shared_at(ws, pl.kt_all) + bhk * d * nkp;
+  const float* V = shared_at(ws, pl.v_all) + bhk * p.seqlen_k * dp;
+  float* S = shared_at(ws, pl.s_all) + ((b * p.heads_q + h) * p.seqlen_q + i0) * nkp;
+
+  const float qmul = p.scale * kLog2e;
+  for (int r = 0; r < rows; ++r) pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
+  gemm(rows, nkp, d, Q, dp, 1, Kt, nkp, S, nkp, false);
+  for (int r = 0; r < rows; ++r) {
+    float* s = S + r * nkp;
+    fill_row(s, visible_keys(p, i0 + r), nkp, kNegInf);
+    const float mx = row_max(s, nkp);
+    float lse = kNegInf;
+    if (mx == kNegInf) {
+      fill_row(s, 0, nkp, 0.0f);
+    } else {
+      const float sum = exp_row(s, nkp, mx);
+      scale_row(s, nkp, 1.0f / sum);
+      lse = (mx + std::log2(sum)) * kLn2;
+    }
+    if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i0 + r) = lse;
+  }
+  gemm(rows, dp, p.seqlen_k, S, nkp, 1, V, dp, O, dp, false);
+  for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, 1.0f);
+}
+
+template <class E>
+void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+  const Problem& p = a.problem;
+  const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
+  if (p.algorithm == Algorithm::Flash) {
+    pool.parallel_for(q_items, [&](int64_t item, int worker) {
+      flash_forward_item<E>(a, pl, ws, item, worker);
+    });
+    return;
+  }
+  float* kt_all = shared_at(ws, pl.kt_all);
+  float* v_all = shared_at(ws, pl.v_all);
+  pool.parallel_for(p.batch * p.heads_kv * pl.tiles_k, [&](int64_t item, int) {
+    pack_kv_item<E>(p, pl, a.k, kt_all, nullptr, 1.0f, item);
+    pack_kv_item<E>(p, pl, a.v, nullptr, v_all, 1.0f, item);
+  });
+  pool.parallel_for(q_items, [&](int64_t item, int worker) {
+    standard_forward_item<E>(a, pl, ws, item, worker);
+  });
+}
+
+// ---- Backward, shared pieces ----------------------------------------------------------------
+// Per row: LSE in log2 units, and delta = rowsum(dO * O).
+
+template <class E>
+void row_stats_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t row0 = (it.b * p.heads_q + it.h) * p.seqlen_q + i0;
+  float* lse2 = shared_at(ws, pl.lse2) + row0;
+  float* delta = shared_at(ws, pl.delta) + row0;
+  for (int r = 0; r < rows; ++r) {
+    lse2[r] = *lse_at(a.lse, it.b, it.h, i0 + r) * kLog2e;
+    const typename E::T* o = in_row<E>(a.out, it.b, i0 + r, it.h);
+    const typename E::T* g = in_row<E>(a.dout, it.b, i0 + r, it.h);
+    float acc = 0.0f;
+    for (int k = 0; k < p.head_dim; ++k) acc += E::load(o[k]) * E::load(g[k]);
+    delta[r] = acc;
+  }
+}
+
+// P = exp2(S - lse2) over the visible columns [0, lim), 0 elsewhere in [0, n).
+inline void probs_row(float* s, int64_t lim, int64_t n, float lse2) {
+  if (lse2 == kNegInf) lim = 0;  // a row that sees no key
+  if (lim > 0) exp_row(s, (lim + W - 1) / W * W, lse2);  // n is a multiple of W, so <= n
+  fill_row(s, lim, n, 0.0f);
+}
+
+// ---- Flash backward -------------------------------------------------------------------------
+// One item: (batch, kv head, chunk of key tiles). For each key tile, dK and dV accumulate in
+// registers-and-L1 tiles over every query tile and every query head of the group; dQ
+// contributions go to this chunk's own partial buffer. A last pass sums the chunks' partials
+// in chunk order, so no result depends on which thread ran what.
+
+template <class E>
+void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
+                         int worker) {
+  const Problem& p = a.problem;
+  const int64_t chunks = pl.key_chunks;
+  const int64_t chunk = item % chunks, bhk = item / chunks;
+  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+  const int64_t G = p.group_size();
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t Nq = p.seqlen_q;
+  const Thread t = thread_area(pl, ws, worker);
+  float* Kt = t.at(pl.t_kt);
+  float* K = t.at(pl.t_k);
+  float* Vt = t.at(pl.t_vt);
+  float* dK = t.at(pl.t_dk);
+  float* dV = t.at(pl.t_dv);
+  float* Q = t.at(pl.t_q);
+  float* dO = t.at(pl.t_do);
+  float* P = t.at(pl.t_s);
+  float* dS = t.at(pl.t_dp);
+  const float* lse2_all = shared_at(ws, pl.lse2);
+  const float* delta_all = shared_at(ws, pl.delta);
+  // This chunk's partial dQ for the group's query heads: [G, Nq, dp], contiguous.
+  float* dq_part = shared_at(ws, pl.dq_part) +
+                   ((chunk * p.batch + b) * p.heads_q + hk * G) * Nq * dp;
+  std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
+
+  const float kmul = p.scale * kLog2e;
+  const int64_t off = p.seqlen_k - p.seqlen_q;
+  const int64_t kt_begin = chunk * pl.tiles_k / chunks;
+  const int64_t kt_end = (chunk + 1) * pl.tiles_k / chunks;
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+    const int64_t j0 = kt * kBlockK;
+    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+    const int ncp = vec_round(ncols);
+    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, kmul);
+    pack_transposed<E>(Vt, kBlockK, a.v, b, j0, ncols, ncp, hk, d, 1.0f);
+    for (int j = 0; j < ncols; ++j) pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
+    std::fill(dK, dK + static_cast<size_t>(ncols) * dp, 0.0f);
+    std::fill(dV, dV + static_cast<size_t>(ncols) * dp, 0.0f);
+    // Under the causal mask, query i sees key j0 only when i >= j0 - off.
+    const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - off) : 0;
+    for (int64_t g = 0; g < G && first_row < Nq; ++g) {
+      const int64_t h = hk * G + g;
+      const int64_t row_base = (b * p.heads_q + h) * Nq;
+      for (int64_t i0 = first_row / kBlockQ * kBlockQ; i0 < Nq; i0 += kBlockQ) {
+        const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
+        for (int r = 0; r < rows; ++r) {
+          pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, 1.0f);
+          pack_row<E>(dO + r * dp, in_row<E>(a.dout, b, i0 + r, h), d, dp, 1.0f);
+        }
+        gemm(rows, ncp, d, Q, dp, 1, Kt, kBlockK, P, kBlockK, false);
+        gemm(rows, ncp, d, dO, dp, 1, Vt, kBlockK, dS, kBlockK, false);
+        for (int r = 0; r < rows; ++r) {
+          const int64_t lim = std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
+          probs_row(P + r * kBlockK, lim, ncp, lse2_all[row_base + i0 + r]);
+          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row_base + i0 + r]);
+        }
+        gemm(ncols, dp, rows, P, 1, kBlockK, dO, dp, dV, dp, true);
+        gemm(ncols, dp, rows, dS, 1, kBlockK, Q, dp, dK, dp, true);
+        gemm(rows, dp, ncols, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
+      }
+    }
+    for (int j = 0; j < ncols; ++j) {
+      store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
+      store_row<E>(out_row<E>(a.dv, b, j0 + j, hk), dV + j * dp, d, 1.0f);
+    }
+  }
+}
+
+template <class E>
+void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int d = static_cast<int>(p.head_dim);
+  const int64_t dp = pl.dp;
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t chunk_stride = p.batch * p.heads_q * p.seqlen_q * dp;
+  const float* part = shared_at(ws, pl.dq_part) + ((it.b * p.heads_q + it.h) * p.seqlen_q + i0) * dp;
+  float acc[256];  // head_dim <= 256
+  for (int r = 0; r < rows; ++r) {
+    const float* row = part + r * dp;
+    std::copy(row, row + d, acc);
+    for (int64_t c = 1; c < pl.key_chunks; ++c) {
+      const float* rc = row + c * chunk_stride;
+      for (int k = 0; k < d; ++k) acc[k] += rc[k];
+    }
+    store_row<E>(out_row<E>(a.dq, it.b, i0 + r, it.h), acc, d, p.scale);
+  }
+}
+
+// ---- Standard backward ----------------------------------------------------------------------
+// P and dS for all of [B, Hq, Nq, Nk] in the workspace: P = exp(S - LSE) recomputed from
+// Q K^T, dP = dO V^T, dS = P * (dP - delta); then dQ = scale dS K row by row, and
+// dK = scale dS^T Q, dV = P^T dO key tile by key tile.
+
+template <class E>
+void pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t row0 = (it.b * p.heads_q + it.h) * p.seqlen_q + i0;
+  float* q = shared_at(ws, pl.q_all) + row0 * dp;
+  float* g = shared_at(ws, pl.do_all) + row0 * dp;
+  for (int r = 0; r < rows; ++r) {
+    pack_row<E>(q + r * dp, in_row<E>(a.q, it.b, i0 + r, it.h), d, dp, 1.0f);
+    pack_row<E>(g + r * dp, in_row<E>(a.dout, it.b, i0 + r, it.h), d, dp, 1.0f);
+  }
+}
+
+template <class E>
+void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, pl, item);
+  const int64_t b = it.b, h = it.h, bhk = b * p.heads_kv + h / p.group_size();
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t nkp = pl.nk_pad;
+  const int64_t i0 = it.qt * kBlockQ;
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t row0 = (b * p.heads_q + h) * p.seqlen_q + i0;
+  const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
+  const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
+  const float* K = shared_at(ws, pl.k_all) + bhk * p.seqlen_k * dp;
+  const float* Kt = shared_at(ws, pl.kt_all) + bhk * d * nkp;
+  const float* Vt = shared_at(ws, pl.vt_all) + bhk * d * nkp;
+  float* P = shared_at(ws, pl.s_all) + row0 * nkp;
+  float* dS = shared_at(ws, pl.ds_all) + row0 * nkp;
+  const float* lse2 = shared_at(ws, pl.lse2) + row0;
+  const float* delta = shared_at(ws, pl.delta) + row0;
+  float* dQ = thread_area(pl, ws, worker).at(pl.t_o);
+
+  gemm(rows, nkp, d, Q, dp, 1, Kt, nkp, P, nkp, false);
+  gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
+  for (int r = 0; r < rows; ++r) {
+    probs_row(P + r * nkp, visible_keys(p, i0 + r), nkp, lse2[r]);
+    ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
+  }
+  gemm(rows, dp, p.seqlen_k, dS, nkp, 1, K, dp, dQ, dp, false);
+  for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
+}
+
+template <class E>
+void standard_dkv_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
+  const Problem& p = a.problem;
+  const int64_t kt = item % pl.tiles_k, bhk = item / pl.tiles_k;
+  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+  const int64_t G = p.group_size();
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int64_t nkp = pl.nk_pad, Nq = p.seqlen_q;
+  const int64_t j0 = kt * kBlockK;
+  const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+  const Thread t = thread_area(pl, ws, worker);
+  float* dK = t.at(pl.t_dk);
+  float* dV = t.at(pl.t_dv);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t row0 = (b * p.heads_q + hk * G + g) * Nq;
+    const float* P = shared_at(ws, pl.s_all) + row0 * nkp + j0;
+    const float* dS = shared_at(ws, pl.ds_all) + row0 * nkp + j0;
+    const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
+    const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
+    gemm(ncols, dp, Nq, P, 1, nkp, dO, dp, dV, dp, g > 0);
+    gemm(ncols, dp, Nq, dS, 1, nkp, Q, dp, dK, dp, g > 0);
+  }
+  for (int j = 0; j < ncols; ++j) {
+    store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
+    store_row<E>(out_row<E>(a.dv, b, j0 + j, hk), dV + j * dp, d, 1.0f);
+  }
+}
+
+template <class E>
+void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+  const Problem& p = a.problem;
+  const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
+  const int64_t k_items = p.batch * p.heads_kv * pl.tiles_k;
+  pool.parallel_for(q_items, [&](int64_t item, int) { row_stats_item<E>(a, pl, ws, item); });
+  if (p.algorithm == Algorithm::Flash) {
+    pool.parallel_for(p.batch * p.heads_kv * pl.key_chunks, [&](int64_t item, int worker) {
+      flash_backward_item<E>(a, pl, ws, item, worker);
+    });
+    pool.parallel_for(q_items, [&](int64_t item, int) { flash_dq_item<E>(a, pl, ws, item); });
+    return;
+  }
+  const float kmul = p.scale * kLog2e;
+  float* k_all = shared_at(ws, pl.k_all);
+  float* kt_all = shared_at(ws, pl.kt_all);
+  float* vt_all = shared_at(ws, pl.vt_all);
+  pool.parallel_for(k_items, [&](int64_t item, int) {
+    pack_kv_item<E>(p, pl, a.k, kt_all, k_all, kmul, item);
+    pack_kv_item<E>(p, pl, a.v, vt_all, nullptr, 1.0f, item);
+  });
+  pool.parallel_for(q_items, [&](int64_t item, int) { pack_q_item<E>(a, pl, ws, item); });
+  pool.parallel_for(q_items, [&](int64_t item, int worker) {
+    standard_dq_item<E>(a, pl, ws, item, worker);
+  });
+  pool.parallel_for(k_items, [&](int64_t item, int worker) {
+    standard_dkv_item<E>(a, pl, ws, item, worker);
+  });
+}
+
+void forward(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+  switch (a.problem.dtype) {
+    case DType::F32: return forward_typed<F32>(a, pl, ws, pool);
+    case DType::F16: return forward_typed<F16>(a, pl, ws, pool);
+    case DType::BF16: return forward_typed<BF16>(a, pl, ws, pool);
+  }
+}
+
+void backward(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+  switch (a.problem.dtype) {
+    case DType::F32: return backward_typed<F32>(a, pl, ws, pool);
+    case DType::F16: return backward_typed<F16>(a, pl, ws, pool);
+    case DType::BF16: return backward_typed<BF16>(a, pl, ws, pool);
+  }
+}
+
+const KernelSet kSet = {FA_ISA_NAME, &forward, &backward};
+
+}  // namespace
+}  // namespace FA_ISA_NS
+}  // namespace cpu
+}  // namespace flashattn

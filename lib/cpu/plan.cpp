@@ -1,0 +1,134 @@
+#include "cpu/plan.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+constexpr size_t kAlign = 256;  // every region starts on its own cache lines
+constexpr size_t kMaxPartialBytes = size_t(512) << 20;  // flash backward: cap on extra dQ chunks
+
+[[noreturn]] void too_big(const Problem& p, const char* what) {
+  fail(FLASHATTN_ERROR_OUT_OF_MEMORY,
+       "the CPU %s algorithm's workspace for batch %lld, heads %lld, seqlen_q %lld, seqlen_k "
+       "%lld, head_dim %lld cannot be represented (%s overflows size_t)",
+       p.algorithm == Algorithm::Flash ? "flash" : "standard", static_cast<long long>(p.batch),
+       static_cast<long long>(p.heads_q), static_cast<long long>(p.seqlen_q),
+       static_cast<long long>(p.seqlen_k), static_cast<long long>(p.head_dim), what);
+}
+
+// Checked products and sums in size_t.
+struct Sizer {
+  const Problem& p;
+  size_t mul(std::initializer_list<int64_t> factors, const char* what) const {
+    size_t r = 1;
+    for (int64_t f : factors) {
+      if (f < 0 || __builtin_mul_overflow(r, static_cast<size_t>(f), &r)) too_big(p, what);
+    }
+    return r;
+  }
+  size_t add(size_t a, size_t b, const char* what) const {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) too_big(p, what);
+    return r;
+  }
+  size_t align(size_t a, const char* what) const {
+    return add(a, (kAlign - a % kAlign) % kAlign, what);
+  }
+};
+
+// Appends regions to an area, each aligned, and returns their offsets.
+struct Area {
+  const Sizer& sz;
+  size_t end = 0;
+  size_t take(size_t bytes, const char* what) {
+    const size_t offset = sz.align(end, what);
+    end = sz.add(offset, bytes, what);
+    return offset;
+  }
+};
+
+}  // namespace
+
+Plan make_plan(const Problem& p, bool backward, int threads) {
+  Plan plan;
+  Sizer sz{p};
+  plan.threads = std::max(1, threads);
+  plan.dp = round_up(p.head_dim, kPad);
+  plan.nk_pad = round_up(p.seqlen_k, kPad);
+  plan.tiles_q = ceil_div(p.seqlen_q, kBlockQ);
+  plan.tiles_k = ceil_div(p.seqlen_k, kBlockK);
+  const int64_t B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Nq = p.seqlen_q, Nk = p.seqlen_k;
+  const int64_t d = p.head_dim, dp = plan.dp, nkp = plan.nk_pad;
+  const int64_t f = sizeof(float);
+  const bool flash = p.algorithm == Algorithm::Flash;
+
+  Area shared{sz};
+  Area thread{sz};
+  const size_t q_tile = sz.mul({kBlockQ, dp, f}, "a query tile");
+  const size_t k_tile = sz.mul({kBlockK, dp, f}, "a key tile");
+  const size_t s_tile = sz.mul({kBlockQ, kBlockK, f}, "a score tile");
+  const size_t row_stats = sz.mul({kBlockQ, f}, "row statistics");
+
+  if (!backward && flash) {
+    plan.t_q = thread.take(q_tile, "Q tile");
+    plan.t_kt = thread.take(k_tile, "K tile");
+    plan.t_v = thread.take(k_tile, "V tile");
+    plan.t_s = thread.take(s_tile, "S tile");
+    plan.t_o = thread.take(q_tile, "O tile");
+    plan.t_m = thread.take(row_stats, "row maxima");
+    plan.t_l = thread.take(row_stats, "row sums");
+  } else if (!backward) {
+    plan.kt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "K^T"), "K^T");
+    plan.v_all = shared.take(sz.mul({B, Hkv, Nk, dp, f}, "V"), "V");
+    plan.s_all = shared.take(sz.mul({B, Hq, Nq, nkp, f}, "the score matrix"), "the score matrix");
+    plan.t_q = thread.take(q_tile, "Q tile");
+    plan.t_o = thread.take(q_tile, "O tile");
+  } else if (flash) {
+    const size_t rows = sz.mul({B, Hq, Nq, f}, "row statistics");
+    plan.lse2 = shared.take(rows, "LSE");
+    plan.delta = shared.take(rows, "delta");
+    const size_t part = sz.mul({B, Hq, Nq, dp, f}, "dQ");
+    int64_t chunks = std::min<int64_t>(plan.tiles_k, kMaxKeyChunks);
+    chunks = std::min<int64_t>(chunks, ceil_div(kMinBackwardItems, B * Hkv));
+    chunks = std::min<int64_t>(chunks, std::max<int64_t>(1, kMaxPartialBytes / part));
+    plan.key_chunks = std::max<int64_t>(1, chunks);
+    plan.dq_part = shared.take(sz.mul({plan.key_chunks, B, Hq, Nq, dp, f}, "partial dQ"), "dQ");
+    plan.t_kt = thread.take(k_tile, "K^T tile");
+    plan.t_k = thread.take(k_tile, "K tile");
+    plan.t_vt = thread.take(k_tile, "V^T tile");
+    plan.t_dk = thread.take(k_tile, "dK tile");
+    plan.t_dv = thread.take(k_tile, "dV tile");
+    plan.t_q = thread.take(q_tile, "Q tile");
+    plan.t_do = thread.take(q_tile, "dO tile");
+    plan.t_s = thread.take(s_tile, "P tile");
+    plan.t_dp = thread.take(s_tile, "dS tile");
+  } else {
+    const size_t rows = sz.mul({B, Hq, Nq, f}, "row statistics");
+    plan.lse2 = shared.take(rows, "LSE");
+    plan.delta = shared.take(rows, "delta");
+    plan.q_all = shared.take(sz.mul({B, Hq, Nq, dp, f}, "Q"), "Q");
+    plan.do_all = shared.take(sz.mul({B, Hq, Nq, dp, f}, "dO"), "dO");
+    plan.k_all = shared.take(sz.mul({B, Hkv, Nk, dp, f}, "K"), "K");
+    plan.kt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "K^T"), "K^T");
+    plan.vt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "V^T"), "V^T");
+    const size_t s = sz.mul({B, Hq, Nq, nkp, f}, "the probability matrix");
+    plan.s_all = shared.take(s, "P");
+    plan.ds_all = shared.take(s, "dS");
+    plan.t_dk = thread.take(k_tile, "dK tile");
+    plan.t_dv = thread.take(k_tile, "dV tile");
+    plan.t_o = thread.take(q_tile, "dQ tile");
+  }
+  plan.thread_bytes = sz.align(thread.end, "a thread's scratch");
+  plan.thread_base = sz.align(shared.end, "the shared scratch");
+  plan.total = sz.add(plan.thread_base, sz.mul({plan.threads, static_cast<int64_t>(plan.thread_bytes)},
+                                               "the per-thread scratch"),
+                      "the workspace");
+  return plan;
+}
+
+}  // namespace cpu
+}  // namespace flashattn

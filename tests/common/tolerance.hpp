@@ -1,0 +1,45 @@
+// The numerics rule of DESIGN.md, as FlashAttention's own tests state it: a result `got` is
+// right when
+//     max |got - ref| <= 2 * max |base - ref| + atol * max(1, max |ref|)
+// where ref is the float64 reference, base the STANDARD algorithm's result in the same dtype
+// (what an exact-but-unfused computation achieves there), and atol a small per-dtype floor.
+// Infinities must match exactly (the LSE of a fully masked row is -inf); a NaN always fails.
+// Failures carry a message with the worst index and its values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <flashattn/flashattn.h>
+
+namespace flashattn_test {
+
+struct Comparison {
+  bool ok = true;
+  double error = 0.0;  // max |got - ref| (inf when an infinity or NaN disagrees)
+  double bound = 0.0;
+  std::string message;  // says what failed and where; a summary when ok
+};
+
+// The floor: about one unit in the last place at 1.0 for 16-bit types, a few for float32.
+double dtype_atol(flashattn_dtype_t dtype);
+
+// |a - b|, 0 when equal (equal infinities included), +inf when either is NaN or they differ
+// and either is infinite.
+double element_error(double a, double b);
+
+// The rule above. All three vectors hold the same logical elements.
+Comparison check_rule(const std::string& what, const std::vector<double>& got,
+                      const std::vector<double>& base, const std::vector<double>& ref,
+                      double atol);
+
+// max |got - ref| <= tol (for a base result itself, or against finite differences).
+Comparison check_close(const std::string& what, const std::vector<double>& got,
+                       const std::vector<double>& ref, double tol);
+
+// No element is NaN (an output poisoned with NaN and not written shows here).
+Comparison check_no_nan(const std::string& what, const std::vector<double>& got);
+
+double max_abs(const std::vector<double>& v);
+
+}  // namespace flashattn_test
