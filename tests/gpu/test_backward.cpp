@@ -1,0 +1,118 @@
+// Backward numerics on the GPU: dq, dk, dv of both algorithms, checked as the forward's
+// outputs are (standard: emulation and float64; flash: the tolerance rule with the standard as
+// base); GQA/MQA reductions of dk and dv; bit-identical results with deterministic = 1.
+#include <cstring>
+
+#include "gpu_harness.hpp"
+
+namespace {
+
+using gpu_test::Case;
+using gpu_test::FlashTally;
+using gpu_test::HostTensor;
+using gpu_test::Layout;
+
+constexpr flashattn_dtype_t F16 = FLASHATTN_DTYPE_FLOAT16;
+constexpr flashattn_dtype_t BF16 = FLASHATTN_DTYPE_BFLOAT16;
+
+const Case kSweep[] = {
+    {"1x1", BF16, 1, 1, 1, 1, 1, 32, false, 0.0f, Layout::Contiguous},
+    {"17x17 causal", F16, 2, 17, 17, 3, 3, 40, true, 0.0f, Layout::Contiguous},
+    {"64x64 GQA", BF16, 2, 64, 64, 4, 2, 64, false, 0.0f, Layout::Contiguous},
+    {"65x65 MQA causal", F16, 1, 65, 65, 4, 1, 80, true, 0.0f, Layout::Contiguous},
+    {"113x203 causal padded", BF16, 1, 113, 203, 2, 2, 96, true, 0.0f, Layout::Padded},
+    {"239x1 GQA", F16, 1, 239, 1, 4, 2, 128, false, 0.0f, Layout::Contiguous},
+    {"1x239 causal", BF16, 2, 1, 239, 2, 2, 160, true, 0.0f, Layout::Contiguous},
+    {"799x3 causal (rows with no key)", F16, 1, 799, 3, 2, 2, 192, true, 0.0f, Layout::Contiguous},
+    {"1023x1024", BF16, 1, 1023, 1024, 1, 1, 200, false, 0.0f, Layout::Contiguous},
+    {"128x128 causal", BF16, 1, 128, 128, 2, 2, 256, true, 0.0f, Layout::Contiguous},
+    {"200x200 packed QKV GQA causal", F16, 1, 200, 200, 4, 2, 128, true, 0.0f, Layout::PackedQKV},
+    {"203x113 causal GQA padded", F16, 1, 203, 113, 6, 2, 64, true, 0.0f, Layout::Padded},
+    {"97x150 K/V broadcast over batch, scale 0.3", BF16, 2, 97, 150, 2, 2, 128, false, 0.3f,
+     Layout::BroadcastKV},
+    {"77x91 odd strides", F16, 1, 77, 91, 2, 1, 40, true, 0.0f, Layout::PaddedOdd},
+};
+
+}  // namespace
+
+TEST_SUITE("gpu_backward") {
+
+TEST_CASE("backward sweep: head dims, seqlens, causal, GQA/MQA, strided views") {
+  FlashTally tally("backward sweep");
+  for (const Case& c : kSweep) {
+    CAPTURE(gpu_test::describe(c));
+    gpu_test::check_backward_case(c, tally);
+  }
+}
+
+TEST_CASE("backward: both dtypes at the fast-path head dims") {
+  FlashTally tally("backward dtypes");
+  const int64_t dims[] = {64, 128, 256};
+  bool causal = true;
+  for (flashattn_dtype_t dtype : {F16, BF16}) {
+    for (int64_t d : dims) {
+      causal = !causal;
+      const Case c{"130x257 dtype sweep", dtype, 1, 130, 257, 2, 1, d, causal, 0.0f,
+                   Layout::Contiguous};
+      CAPTURE(gpu_test::describe(c));
+      gpu_test::check_backward_case(c, tally);
+    }
+  }
+}
+
+TEST_CASE("backward: GQA reductions of dk and dv over 8 query heads") {
+  FlashTally tally("backward GQA reductions");
+  const Case gqa{"8:2 GQA", BF16, 2, 96, 160, 8, 2, 64, true, 0.0f, Layout::Contiguous};
+  gpu_test::check_backward_case(gqa, tally);
+  const Case mqa{"8:1 MQA", F16, 1, 150, 150, 8, 1, 128, false, 0.0f, Layout::Contiguous};
+  gpu_test::check_backward_case(mqa, tally);
+}
+
+TEST_CASE("backward: deterministic = 1 gives bit-identical dq, dk, dv run after run") {
+  flashattn_context_t ctx = gpu_test::shared_context();
+  FlashTally tally("backward determinism");
+  const Case c{"GQA 4:1 causal", BF16, 2, 333, 517, 4, 1, 128, true, 0.0f, Layout::Contiguous};
+  gpu_test::Inputs in = gpu_test::make_inputs(c, 5);
+  HostTensor out = gpu_test::output_like(c, c.nq, c.hq), dout = gpu_test::output_like(c, c.nq, c.hq);
+  out.fill_normal(6);
+  dout.fill_normal(7);
+  HostTensor lse = HostTensor::lse(c.b, c.hq, c.nq);
+  lse.fill_normal(8, 5.0, 1.0);  // plausible log-sum-exps; only repeatability is asserted
+  gpu_test::DeviceSet dev;
+  const flashattn_tensor_t qd = dev.upload(in.q), kd = dev.upload(in.k), vd = dev.upload(in.v);
+  const flashattn_tensor_t od = dev.upload(out), dod = dev.upload(dout), ld = dev.upload(lse);
+
+  for (flashattn_algorithm_t algorithm : {FLASHATTN_ALGORITHM_STANDARD, FLASHATTN_ALGORITHM_FLASH}) {
+    const flashattn_options_t opts = gpu_test::options_for(c, algorithm, /*deterministic=*/1);
+    if (algorithm == FLASHATTN_ALGORITHM_FLASH && !tally.supported(ctx, qd, kd, vd, opts, 1, c)) {
+      continue;
+    }
+    CAPTURE(algorithm);
+    HostTensor runs[2][3];
+    for (auto& run : runs) {
+      run[0] = gpu_test::output_like(c, c.nq, c.hq);
+      run[1] = gpu_test::output_like(c, c.nk, c.hkv);
+      run[2] = gpu_test::output_like(c, c.nk, c.hkv);
+      for (HostTensor& g : run) g.poison();
+      const flashattn_tensor_t dqd = dev.upload(run[0]), dkd = dev.upload(run[1]),
+                               dvd = dev.upload(run[2]);
+      GPU_FA_OK(flashattn_backward(ctx, &qd, &kd, &vd, &od, &dod, &ld, &dqd, &dkd, &dvd, &opts,
+                                   nullptr, 0));
+      GPU_FA_OK(flashattn_context_synchronize(ctx));
+      for (HostTensor& g : run) dev.download(g);
+    }
+    if (algorithm == FLASHATTN_ALGORITHM_FLASH) tally.ran();
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][0], runs[1][0]), "dq differs between runs");
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][1], runs[1][1]), "dk differs between runs");
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][2], runs[1][2]), "dv differs between runs");
+  }
+}
+
+TEST_CASE("backward large: 4224x4224, causal") {
+  FlashTally tally("backward large");
+  const Case c{"4224x4224 causal", BF16, 1, 4224, 4224, 2, 2, 64, true, 0.0f,
+               Layout::Contiguous, /*emulate=*/false};
+  gpu_test::check_backward_case(c, tally);
+}
+
+}  // TEST_SUITE
