@@ -40,17 +40,17 @@ inline vf splat(float s) { return s - vf{}; }  // x - 0 == x for every x, so thi
 inline vf select(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 inline vf vmax(vf a, vf b) { return select(a > b, a, b); }
 
-// 2^x to about 1 ulp (a degree-7 polynomial on [-0.5, 0.5]); 0 below -126, including -inf;
-// NaN stays NaN.
+typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
+
+// 2^x to about 1 ulp: 2^round(x) from the exponent bits times a degree-7 polynomial of the
+// rest in [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
+// produced; NaN stays NaN.
 inline vf exp2v(vf x) {
-  const vi nan = x != x;
-  const vi underflow = x < splat(-126.0f);
-  x = select(underflow, splat(-126.0f), x);
+  x = select(x < splat(-125.0f), splat(-127.0f), x);  // 2^-127 is encoded as 0.0 below
   x = select(x > splat(127.0f), splat(127.0f), x);
   const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const vf r = x + shifter;
-  const vf n = r - shifter;
-  const vf f = x - n;
+  const vf f = x - (r - shifter);
   vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
   p = p * f + splat(1.5403530393381608e-4f);
   p = p * f + splat(1.3333558146428443e-3f);
@@ -59,9 +59,9 @@ inline vf exp2v(vf x) {
   p = p * f + splat(2.4022650695910071e-1f);
   p = p * f + splat(6.9314718055994531e-1f);
   p = p * f + splat(1.0f);
-  const vi e = ((vi)r - (vi)shifter) << 23;
-  const vf y = (vf)(((vi)p + e) & ~underflow);
-  return select(nan, x + x, y);
+  // The integer round(x) sits in the low mantissa bits of r; n = -127 gives the bits of 0.0.
+  const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
+  return p * scale;
 }
 
 inline float hmax(vf v) {
@@ -217,6 +217,19 @@ void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_
     for (int j = count; j < count_pad; ++j) dst[k * ld + j] = 0.0f;
 }
 
+// Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
+// computed: rows of one head are far apart in [B, N, H, D], which defeats the hardware
+// prefetchers.
+template <class E>
+void prefetch_rows(const Tensor4& t, int64_t b, int64_t n0, int64_t count, int64_t h, int d) {
+  const int64_t bytes = static_cast<int64_t>(d) * static_cast<int64_t>(sizeof(typename E::T));
+  for (int64_t j = 0; j < count; ++j) {
+    const char* row = reinterpret_cast<const char*>(in_row<E>(t, b, n0 + j, h));
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 2);
+    __builtin_prefetch(row + bytes - 1, 0, 2);
+  }
+}
+
 template <class E>
 inline void store_row(typename E::T* dst, const float* src, int d, float mul) {
   for (int k = 0; k < d; ++k) dst[k] = E::store(src[k] * mul);
@@ -250,65 +263,123 @@ inline QTileItem q_tile_item(const Problem& p, const Plan& pl, int64_t item) {
 }
 
 // ---- Flash forward --------------------------------------------------------------------------
-// One item: a tile of query rows of one (batch, head). K/V tiles stream through; each row keeps
-// a running maximum m and sum l (log2 units), the output accumulator is rescaled by
-// exp2(m_old - m_new) when the maximum grows, and divided by l once at the end.
+// One item: query_group tiles of query rows of one (batch, head). K/V tiles stream through;
+// each query keeps a running maximum m and sum l (log2 units), its output accumulator is
+// rescaled by exp2(m_old - m_new) when the maximum grows, and divided by l once at the end.
+// Scores are computed transposed, S^T = K Q^T ([keys, queries]), so that the statistics of W
+// queries at a time live in one vector and K needs no transpose.
+
+struct QueryTile {
+  int64_t i0;      // first row
+  int rows;        // rows in the tile
+  int rows_p;      // rows rounded up to whole vectors (extra columns are zero queries)
+  int64_t key_end; // keys [0, key_end) are visible to some row of the tile
+  float* Qt;       // [d][kBlockQ], scaled to log2 units
+  float* O;        // [kBlockQ][dp]
+  float* m;        // [kBlockQ]
+  float* l;        // [kBlockQ]
+};
+
+// One K/V tile (K and V packed as [ncols][dp]) into one query tile's running state.
+void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const float* V, int64_t j0,
+                        int ncols, int d, int dp, float* St) {
+  const int64_t off = p.seqlen_k - p.seqlen_q;  // query i sees key j when j <= i + off
+  gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
+  if (p.causal && j0 + ncols - 1 > q.i0 + off) {
+    for (int j = 0; j < ncols; ++j) {
+      const int64_t hidden = std::min<int64_t>(q.rows_p, std::max<int64_t>(0, j0 + j - off - q.i0));
+      fill_row(St + j * kBlockQ, 0, hidden, kNegInf);
+    }
+  }
+  float alpha[kBlockQ];
+  for (int v = 0; v < q.rows_p / W; ++v) {
+    float* col = St + v * W;
+    vf mx = vload(col);
+    for (int j = 1; j < ncols; ++j) mx = vmax(mx, vload(col + j * kBlockQ));
+    const vf m_old = vload(q.m + v * W);
+    const vf m_new = vmax(m_old, mx);
+    // A query that sees no key yet keeps m = -inf; shifting by 0 keeps its terms at 0.
+    const vf shift = select(m_new == splat(kNegInf), vf{}, m_new);
+    vf sum{};
+    for (int j = 0; j < ncols; ++j) {
+      const vf e = exp2v(vload(col + j * kBlockQ) - shift);
+      vstore(col + j * kBlockQ, e);
+      sum += e;
+    }
+    const vf al = exp2v(m_old - shift);
+    vstore(alpha + v * W, al);
+    vstore(q.l + v * W, vload(q.l + v * W) * al + sum);
+    vstore(q.m + v * W, m_new);
+  }
+  for (int r = 0; r < q.rows; ++r) {
+    if (alpha[r] != 1.0f) scale_row(q.O + r * dp, dp, alpha[r]);
+  }
+  gemm(q.rows, dp, ncols, St, 1, kBlockQ, V, dp, q.O, dp, true);
+}
 
 template <class E>
 void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item,
                         int worker) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
-  const int64_t b = it.b, h = it.h, hk = h / p.group_size();
+  const int64_t group = pl.query_group;
+  const int64_t blocks = ceil_div(pl.tiles_q, group);
+  const int64_t bh = item / blocks;
+  const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group_size();
+  const int64_t first_tile = (blocks - 1 - item % blocks) * group;  // heavy (late) rows first
+  const int ntiles = static_cast<int>(std::min<int64_t>(group, pl.tiles_q - first_tile));
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
   const Thread t = thread_area(pl, ws, worker);
-  float* Q = t.at(pl.t_q);
-  float* Kt = t.at(pl.t_kt);
-  float* V = t.at(pl.t_v);
-  float* S = t.at(pl.t_s);
-  float* O = t.at(pl.t_o);
-  float* m = t.at(pl.t_m);
-  float* l = t.at(pl.t_l);
+  float* K = t.at(pl.t_kt);  // [kBlockK][dp]
+  float* V = t.at(pl.t_v);   // [kBlockK][dp]
+  float* St = t.at(pl.t_s);  // [kBlockK][kBlockQ]
 
-  const float qmul = p.scale * kLog2e;
-  for (int r = 0; r < rows; ++r) pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
-  std::fill(O, O + static_cast<size_t>(rows) * dp, 0.0f);
-  std::fill(m, m + rows, kNegInf);
-  std::fill(l, l + rows, 0.0f);
-
-  const int64_t key_end = visible_keys(p, i0 + rows - 1);
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
-    const int ncp = vec_round(ncols);
-    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, 1.0f);
-    for (int j = 0; j < ncols; ++j) pack_row<E>(V + j * dp, in_row<E>(a.v, b, j0 + j, hk), d, dp, 1.0f);
-    gemm(rows, ncp, d, Q, dp, 1, Kt, kBlockK, S, kBlockK, false);
-    for (int r = 0; r < rows; ++r) {
-      float* s = S + r * kBlockK;
-      const int lim = static_cast<int>(std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0)));
-      fill_row(s, lim, ncp, kNegInf);
-      const float m_new = std::max(m[r], row_max(s, ncp));
-      if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
-        fill_row(s, 0, ncp, 0.0f);
-        continue;
-      }
-      const float alpha = std::exp2(m[r] - m_new);
-      const float sum = exp_row(s, ncp, m_new);
-      if (alpha != 1.0f) scale_row(O + r * dp, dp, alpha);
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-    }
-    gemm(rows, dp, ncols, S, kBlockK, 1, V, dp, O, dp, true);
+  QueryTile tiles[kMaxQueryGroup];
+  int64_t key_end = 0;
+  for (int s = 0; s < ntiles; ++s) {
+    QueryTile& q = tiles[s];
+    q.i0 = (first_tile + s) * kBlockQ;
+    q.rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - q.i0));
+    q.rows_p = vec_round(q.rows);
+    q.key_end = visible_keys(p, q.i0 + q.rows - 1);
+    q.Qt = t.at(pl.t_q) + s * kBlockQ * dp;
+    q.O = t.at(pl.t_o) + s * kBlockQ * dp;
+    q.m = t.at(pl.t_m) + s * kBlockQ;
+    q.l = t.at(pl.t_l) + s * kBlockQ;
+    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, q.i0, q.rows, q.rows_p, h, d, p.scale * kLog2e);
+    std::fill(q.O, q.O + static_cast<size_t>(q.rows) * dp, 0.0f);
+    std::fill(q.m, q.m + q.rows_p, kNegInf);
+    std::fill(q.l, q.l + q.rows_p, 0.0f);
+    key_end = std::max(key_end, q.key_end);
   }
 
-  for (int r = 0; r < rows; ++r) {
-    // l is 0 only for a row that sees no key: output 0, LSE -inf.
-    const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-    store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, inv);
-    if (a.lse.data != nullptr) {
-      *lse_at(a.lse, b, h, i0 + r) = l[r] == 0.0f ? kNegInf : (m[r] + std::log2(l[r])) * kLn2;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
+    for (int j = 0; j < ncols; ++j) {
+      pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
+      pack_row<E>(V + j * dp, in_row<E>(a.v, b, j0 + j, hk), d, dp, 1.0f);
+    }
+    if (j0 + kBlockK < key_end) {
+      const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
+      prefetch_rows<E>(a.k, b, j0 + kBlockK, next, hk, d);
+      prefetch_rows<E>(a.v, b, j0 + kBlockK, next, hk, d);
+    }
+    for (int s = 0; s < ntiles; ++s) {
+      if (j0 >= tiles[s].key_end) continue;  // causal: no row of this tile sees these keys
+      const int n = static_cast<int>(std::min<int64_t>(ncols, tiles[s].key_end - j0));
+      flash_forward_tile(p, tiles[s], K, V, j0, n, d, dp, St);
+    }
+  }
+
+  for (int s = 0; s < ntiles; ++s) {
+    const QueryTile& q = tiles[s];
+    for (int r = 0; r < q.rows; ++r) {
+      // l is 0 only for a row that sees no key: output 0, LSE -inf.
+      const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
+      store_row<E>(out_row<E>(a.out, b, q.i0 + r, h), q.O + r * dp, d, inv);
+      if (a.lse.data != nullptr) {
+        *lse_at(a.lse, b, h, q.i0 + r) =
+            q.l[r] == 0.0f ? kNegInf : (q.m[r] + std::log2(q.l[r])) * kLn2;
+      }
     }
   }
 }
@@ -382,7 +453,8 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
   const Problem& p = a.problem;
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   if (p.algorithm == Algorithm::Flash) {
-    pool.parallel_for(q_items, [&](int64_t item, int worker) {
+    const int64_t items = p.batch * p.heads_q * ceil_div(pl.tiles_q, pl.query_group);
+    pool.parallel_for(items, [&](int64_t item, int worker) {
       flash_forward_item<E>(a, pl, ws, item, worker);
     });
     return;

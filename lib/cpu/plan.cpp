@@ -71,16 +71,23 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
   const size_t q_tile = sz.mul({kBlockQ, dp, f}, "a query tile");
   const size_t k_tile = sz.mul({kBlockK, dp, f}, "a key tile");
   const size_t s_tile = sz.mul({kBlockQ, kBlockK, f}, "a score tile");
-  const size_t row_stats = sz.mul({kBlockQ, f}, "row statistics");
 
   if (!backward && flash) {
-    plan.t_q = thread.take(q_tile, "Q tile");
+    // A work item takes several query tiles, so each K/V tile it loads serves more rows (rows
+    // of one head lie far apart in memory, and fetching them again per tile costs), while
+    // leaving at least four items per thread. Grouping changes no result: every query tile is
+    // computed the same way whichever item it is in.
+    const int64_t tiles = B * Hq * plan.tiles_q;
+    plan.query_group = std::max<int64_t>(
+        1, std::min<int64_t>({kMaxQueryGroup, plan.tiles_q, tiles / (4 * plan.threads)}));
+    const int64_t g = plan.query_group;
+    plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
     plan.t_kt = thread.take(k_tile, "K tile");
     plan.t_v = thread.take(k_tile, "V tile");
     plan.t_s = thread.take(s_tile, "S tile");
-    plan.t_o = thread.take(q_tile, "O tile");
-    plan.t_m = thread.take(row_stats, "row maxima");
-    plan.t_l = thread.take(row_stats, "row sums");
+    plan.t_o = thread.take(sz.mul({g, kBlockQ, dp, f}, "O tiles"), "O tiles");
+    plan.t_m = thread.take(sz.mul({g, kBlockQ, f}, "row maxima"), "row maxima");
+    plan.t_l = thread.take(sz.mul({g, kBlockQ, f}, "row sums"), "row sums");
   } else if (!backward) {
     plan.kt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "K^T"), "K^T");
     plan.v_all = shared.take(sz.mul({B, Hkv, Nk, dp, f}, "V"), "V");

@@ -16,6 +16,7 @@ constexpr int kBlockK = 64;   // keys per tile
 constexpr int kPad = 16;      // head dims and materialized rows padded to 16 floats (64 bytes)
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
+constexpr int kMaxQueryGroup = 4;  // flash forward: query tiles sharing each K/V tile load
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -30,6 +31,7 @@ struct Plan {
   int64_t tiles_q = 0;     // ceil(seqlen_q / kBlockQ)
   int64_t tiles_k = 0;     // ceil(seqlen_k / kBlockK)
   int64_t key_chunks = 1;  // flash backward: key tiles are split into this many chunks
+  int64_t query_group = 1; // flash forward: query tiles per work item (at most kMaxQueryGroup)
 
   // Shared regions (fp32).
   size_t lse2 = 0;      // backward: [B, Hq, Nq] LSE in log2 units

@@ -59,6 +59,11 @@ TEST_CASE("causal: seqlen_q < seqlen_k, == and > (rows that see no key)") {
   check_forward(make(F32, 2, 150, 40, 2, 2, 16, true));
   check_forward(make(BF16, 1, 200, 70, 1, 1, 64, true));
   check_forward(make(F16, 1, 9, 1, 1, 1, 8, true));
+  // One thread: items of four query tiles each (the last one ragged), some of whose tiles see
+  // no key at all while others of the same item do.
+  Case one = make(F32, 1, 1100, 500, 1, 1, 16, true);
+  one.threads = 1;
+  check_forward(one);
 }
 
 TEST_CASE("GQA and MQA") {

@@ -90,10 +90,11 @@ TEST_CASE("results are bit-identical for 1, 2 and 3 threads") {
 TEST_CASE("flash workspace does not grow with seqlen^2; standard holds the score matrix") {
   CpuContext ctx(2);
   const auto F32 = FLASHATTN_DTYPE_FLOAT32;
-  const size_t flash_small = workspace(ctx.get(), F32, 1024, 1024, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0);
+  const size_t flash_small = workspace(ctx.get(), F32, 8192, 8192, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0);
   const size_t flash_large = workspace(ctx.get(), F32, 32768, 32768, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0);
   CHECK(flash_small == flash_large);  // per-thread tiles only
   CHECK(flash_large < (size_t(4) << 20));
+  CHECK(workspace(ctx.get(), F32, 1024, 1024, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0) <= flash_large);
   const size_t standard = workspace(ctx.get(), F32, 32768, 32768, 1, 128, FLASHATTN_ALGORITHM_STANDARD, 0);
   CHECK(standard >= size_t(32768) * 32768 * 4);
   // The backward's extra memory is linear in seqlen.
@@ -105,7 +106,7 @@ TEST_CASE("flash workspace does not grow with seqlen^2; standard holds the score
   CHECK(sb >= size_t(2) * 8192 * 8192 * 4);
   // Per-thread scratch: more threads, more workspace.
   REQUIRE(flashattn_context_set_num_threads(ctx.get(), 4) == FLASHATTN_SUCCESS);
-  CHECK(workspace(ctx.get(), F32, 1024, 1024, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0) > flash_small);
+  CHECK(workspace(ctx.get(), F32, 32768, 32768, 1, 128, FLASHATTN_ALGORITHM_FLASH, 0) > flash_large);
 }
 
 TEST_CASE("a workspace size that cannot be represented is an error, not a crash") {
