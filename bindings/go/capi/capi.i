@@ -1,0 +1,109 @@
+/*
+ * The Go side of the SWIG interface: package capi (flashattn.dev/flashattn/capi), the low layer
+ * under package flashattn. capi.go and capi_wrap.c are generated from this file by
+ * bindings/go/generate.sh (swig -go -cgo -intgosize 64) and checked in, so building the module
+ * needs no swig; the test step checks that regenerating them changes nothing.
+ *
+ * How the C API looks from here:
+ *  - A function returning a flashattn_status_t returns an error: nil on success, else an *Error
+ *    holding the status and the library's message. Go has no exceptions, so the shared
+ *    %exception has nothing to raise (FLASHATTN_SWIG_RAISE is empty): the status's out typemap
+ *    below reads flashattn_last_error() in the same C call, on the thread that made it.
+ *  - flashattn_tensor_t and flashattn_options_t are the Go structs Tensor and Options of the same
+ *    layout (types.go; layout_test.go checks it), passed by pointer; nil is NULL.
+ *  - Handles are the types Context and Buffer; void * is uintptr; output parameters are Go
+ *    pointers; host memory to copy from or to is a []byte.
+ */
+%module capi
+
+%{
+#include <stdio.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <flashattn/flashattn.h>
+
+#define FLASHATTN_SWIG_RAISE(status) do { } while (0)
+%}
+
+/* ---- statuses: error values ---- */
+%typemap(gotype) flashattn_status_t "error"
+%typemap(imtype) flashattn_status_t "string"
+%typemap(out, fragment="AllocateString") flashattn_status_t %{
+  if ($1 == FLASHATTN_SUCCESS) {
+    $result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)$1, flashattn_last_error());
+    $result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+%}
+%typemap(goout, fragment="CopyString") flashattn_status_t %{ $result = statusError(swigCopyString($1)) %}
+
+/* flashattn_status_string's argument stays a plain status. */
+%typemap(gotype) flashattn_status_t status "Status"
+%typemap(imtype) flashattn_status_t status "int"
+%typemap(goin) flashattn_status_t status "$result = int($input)"
+%typemap(in) flashattn_status_t status %{ $1 = (flashattn_status_t)$input; %}
+
+/* ---- enums: the Go types of types.go ---- */
+%define FLASHATTN_GO_ENUM(CTYPE, GOTYPE)
+%typemap(gotype) CTYPE "GOTYPE"
+%typemap(imtype) CTYPE "int"
+%typemap(goin) CTYPE "$result = int($input)"
+%typemap(in) CTYPE %{ $1 = (CTYPE)$input; %}
+%enddef
+FLASHATTN_GO_ENUM(flashattn_backend_t, Backend)
+FLASHATTN_GO_ENUM(flashattn_dtype_t, DType)
+
+/* ---- handles ---- */
+%define FLASHATTN_GO_HANDLE(CTYPE, GOTYPE)
+%typemap(gotype) CTYPE "GOTYPE"
+%typemap(imtype) CTYPE "uintptr"
+%typemap(goin) CTYPE "$result = uintptr($input)"
+%typemap(in) CTYPE %{ $1 = (CTYPE)$input; %}
+%enddef
+FLASHATTN_GO_HANDLE(flashattn_context_t, Context)
+FLASHATTN_GO_HANDLE(flashattn_buffer_t, Buffer)
+
+/* ---- pointers to Go memory: output parameters and the two structs ---- */
+%define FLASHATTN_GO_POINTER(CTYPE, GOTYPE)
+%typemap(gotype) CTYPE "GOTYPE"
+%typemap(imtype) CTYPE "unsafe.Pointer"
+%typemap(goin) CTYPE "$result = unsafe.Pointer($input)"
+%typemap(in) CTYPE %{ $1 = ($1_ltype)$input; %}
+%enddef
+FLASHATTN_GO_POINTER(flashattn_context_t *out, *Context)
+FLASHATTN_GO_POINTER(flashattn_buffer_t *out, *Buffer)
+FLASHATTN_GO_POINTER(flashattn_backend_t *out, *Backend)
+FLASHATTN_GO_POINTER(int *out, *int32)
+FLASHATTN_GO_POINTER(size_t *out, *uint64)
+FLASHATTN_GO_POINTER(void **out, *uintptr)
+FLASHATTN_GO_POINTER(flashattn_tensor_t *, *Tensor)
+FLASHATTN_GO_POINTER(const flashattn_tensor_t *, *Tensor)
+FLASHATTN_GO_POINTER(flashattn_options_t *, *Options)
+FLASHATTN_GO_POINTER(const flashattn_options_t *, *Options)
+
+/* ---- host memory: byte slices ---- */
+%typemap(gotype) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len) "[]byte"
+%typemap(in) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len)
+%{ $1 = ($1_ltype)$input.array; $2 = (size_t)$input.len; %}
+
+/* The structs are Go structs (types.go), not SWIG proxies. */
+%ignore flashattn_tensor;
+%ignore flashattn_options;
+
+%include "../../flashattn.i"
+
+/* The C layout of the structs, for layout_test.go. */
+%constant int64_t SizeofTensor = sizeof(flashattn_tensor_t);
+%constant int64_t OffsetofTensorDtype = offsetof(flashattn_tensor_t, dtype);
+%constant int64_t OffsetofTensorRank = offsetof(flashattn_tensor_t, rank);
+%constant int64_t OffsetofTensorShape = offsetof(flashattn_tensor_t, shape);
+%constant int64_t OffsetofTensorStrides = offsetof(flashattn_tensor_t, strides);
+%constant int64_t SizeofOptions = sizeof(flashattn_options_t);
+%constant int64_t OffsetofOptionsSoftmaxScale = offsetof(flashattn_options_t, softmax_scale);
+%constant int64_t OffsetofOptionsCausal = offsetof(flashattn_options_t, causal);
+%constant int64_t OffsetofOptionsAlgorithm = offsetof(flashattn_options_t, algorithm);
+%constant int64_t OffsetofOptionsDeterministic = offsetof(flashattn_options_t, deterministic);

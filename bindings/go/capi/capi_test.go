@@ -1,0 +1,103 @@
+package capi
+
+import (
+	"errors"
+	"runtime"
+	"testing"
+	"unsafe"
+)
+
+// The Go structs must be the C structs byte for byte.
+func TestStructLayout(t *testing.T) {
+	var tensor Tensor
+	var options Options
+	checks := []struct {
+		what      string
+		got, want uintptr
+	}{
+		{"sizeof(flashattn_tensor_t)", unsafe.Sizeof(tensor), uintptr(SizeofTensor)},
+		{"offsetof(flashattn_tensor_t, dtype)", unsafe.Offsetof(tensor.Dtype), uintptr(OffsetofTensorDtype)},
+		{"offsetof(flashattn_tensor_t, rank)", unsafe.Offsetof(tensor.Rank), uintptr(OffsetofTensorRank)},
+		{"offsetof(flashattn_tensor_t, shape)", unsafe.Offsetof(tensor.Shape), uintptr(OffsetofTensorShape)},
+		{"offsetof(flashattn_tensor_t, strides)", unsafe.Offsetof(tensor.Strides), uintptr(OffsetofTensorStrides)},
+		{"sizeof(flashattn_options_t)", unsafe.Sizeof(options), uintptr(SizeofOptions)},
+		{"offsetof(flashattn_options_t, softmax_scale)", unsafe.Offsetof(options.SoftmaxScale), uintptr(OffsetofOptionsSoftmaxScale)},
+		{"offsetof(flashattn_options_t, causal)", unsafe.Offsetof(options.Causal), uintptr(OffsetofOptionsCausal)},
+		{"offsetof(flashattn_options_t, algorithm)", unsafe.Offsetof(options.Algorithm), uintptr(OffsetofOptionsAlgorithm)},
+		{"offsetof(flashattn_options_t, deterministic)", unsafe.Offsetof(options.Deterministic), uintptr(OffsetofOptionsDeterministic)},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: Go says %d, C says %d", c.what, c.got, c.want)
+		}
+	}
+}
+
+func TestFailingStatusIsAnErrorWithTheMessage(t *testing.T) {
+	var buf Buffer
+	err := Flashattn_buffer_create(&buf, 0, 16)
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("want an *Error, got %v", err)
+	}
+	if e.Status != Status(FLASHATTN_ERROR_INVALID_ARGUMENT) || e.Message != "flashattn_buffer_create: ctx is NULL" {
+		t.Errorf("got %d %q", e.Status, e.Message)
+	}
+	if e.Error() != "FLASHATTN_ERROR_INVALID_ARGUMENT: flashattn_buffer_create: ctx is NULL" {
+		t.Errorf("Error() = %q", e.Error())
+	}
+	if !errors.Is(err, &Error{Status: Status(FLASHATTN_ERROR_INVALID_ARGUMENT)}) {
+		t.Error("errors.Is does not match the status")
+	}
+	if buf != 0 {
+		t.Error("a failing call wrote its output")
+	}
+	// The thread-local message may be read again only on the same thread; the error kept it.
+	if Flashattn_version_number()/10000 != uint(FLASHATTN_VERSION_MAJOR) {
+		t.Error("header and library disagree on the major version")
+	}
+}
+
+func TestBuffersRoundTrip(t *testing.T) {
+	// The last-error check at the end reads this thread's message: stay on one thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var ctx Context
+	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
+		t.Fatal(err)
+	}
+	defer Flashattn_context_destroy(ctx)
+	var buf Buffer
+	if err := Flashattn_buffer_create(&buf, ctx, 64); err != nil {
+		t.Fatal(err)
+	}
+	defer Flashattn_buffer_destroy(buf)
+	src := []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+	if err := Flashattn_buffer_write(buf, 0, src); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 16)
+	if err := Flashattn_buffer_read(buf, 48, dst); err != nil || string(dst) != "0123456789abcdef" {
+		t.Fatalf("read %q, %v", dst, err)
+	}
+	err := Flashattn_buffer_read(buf, 56, dst)
+	if e, ok := err.(*Error); !ok || e.Message != "flashattn_buffer_read: offset 56 + bytes 16 exceeds the buffer's 64 bytes" {
+		t.Errorf("got %v", err)
+	}
+	var size uint64
+	var data uintptr
+	if Flashattn_buffer_size(&size, buf) != nil || size != 64 || Flashattn_buffer_data(&data, buf) != nil || data%256 != 0 {
+		t.Errorf("size %d, data %#x", size, data)
+	}
+	var view Tensor
+	if err := Flashattn_tensor_4d(&view, data, DType(FLASHATTN_DTYPE_FLOAT16), 1, 2, 2, 8); err != nil {
+		t.Fatal(err)
+	}
+	if view.Data != data || view.Rank != 4 || view.Shape != [4]int64{1, 2, 2, 8} || view.Strides != [4]int64{32, 16, 8, 1} {
+		t.Errorf("tensor_4d gave %+v", view)
+	}
+	msg := make([]byte, 8)
+	if n := Flashattn_last_error_r(msg); n != 0 || msg[0] != 0 {
+		t.Errorf("last_error_r after a success: %d %q", n, msg)
+	}
+}

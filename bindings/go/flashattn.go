@@ -1,0 +1,411 @@
+// Package flashattn is the Go binding of libflashattn: exact attention,
+// softmax(scale · Q Kᵀ + mask) V, computed the FlashAttention way on the CPU or a CUDA GPU.
+//
+//	ctx, err := flashattn.NewContext(flashattn.CPU, 0)
+//	defer ctx.Close()
+//	dims := flashattn.Dims{Batch: 1, SeqLenQ: 16, SeqLenK: 16, HeadsQ: 2, HeadsKV: 2, HeadDim: 8}
+//	out, lse, err := ctx.Attention(dims, q, k, v, &flashattn.Options{Causal: true})
+//
+// Layout: q is [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_kv,
+// head_dim] (heads_q a multiple of heads_kv), the LSE [batch, heads_q, seqlen_q] float32. Host
+// data is []float32, or []uint16 holding float16 or bfloat16 bits (see Float16FromFloat32).
+//
+// Contexts and buffers are released by Close (a finalizer does it for one that is forgotten).
+// A context is used by one goroutine at a time. Every failure is an error; one that the library
+// reports is an *Error carrying its status and message. Package capi beneath is the C API as
+// SWIG generates it.
+package flashattn
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"flashattn.dev/flashattn/capi"
+)
+
+// Error is a failing status of the library with its message, e.g. "flashattn_forward: k:
+// head_dim 16 differs from q's 32". errors.Is(err, ErrInvalidShape) tests its status.
+type Error = capi.Error
+
+// Status is a flashattn_status_t.
+type Status = capi.Status
+
+// The statuses of the C API (values fixed by the header).
+const (
+	StatusSuccess            Status = 0
+	StatusInvalidArgument    Status = 100
+	StatusInvalidShape       Status = 101
+	StatusInvalidDType       Status = 102
+	StatusInvalidStride      Status = 103
+	StatusInvalidMemory      Status = 104
+	StatusWorkspaceTooSmall  Status = 105
+	StatusContextBusy        Status = 106
+	StatusUnsupported        Status = 200
+	StatusBackendUnavailable Status = 201
+	StatusOutOfMemory        Status = 300
+	StatusDeviceOutOfMemory  Status = 301
+	StatusDevice             Status = 400
+	StatusInternal           Status = 500
+)
+
+// Targets for errors.Is, one per failing status.
+var (
+	ErrInvalidArgument    = &Error{Status: StatusInvalidArgument}
+	ErrInvalidShape       = &Error{Status: StatusInvalidShape}
+	ErrInvalidDType       = &Error{Status: StatusInvalidDType}
+	ErrInvalidStride      = &Error{Status: StatusInvalidStride}
+	ErrInvalidMemory      = &Error{Status: StatusInvalidMemory}
+	ErrWorkspaceTooSmall  = &Error{Status: StatusWorkspaceTooSmall}
+	ErrContextBusy        = &Error{Status: StatusContextBusy}
+	ErrUnsupported        = &Error{Status: StatusUnsupported}
+	ErrBackendUnavailable = &Error{Status: StatusBackendUnavailable}
+	ErrOutOfMemory        = &Error{Status: StatusOutOfMemory}
+	ErrDeviceOutOfMemory  = &Error{Status: StatusDeviceOutOfMemory}
+	ErrDevice             = &Error{Status: StatusDevice}
+	ErrInternal           = &Error{Status: StatusInternal}
+)
+
+// Backend selects where a context computes.
+type Backend = capi.Backend
+
+const (
+	Auto Backend = 0 // CUDA when a device is usable, else the CPU
+	CPU  Backend = 1
+	CUDA Backend = 2
+)
+
+// DType is an element type.
+type DType = capi.DType
+
+const (
+	Float32  DType = 1 // CPU backend only
+	Float16  DType = 2
+	BFloat16 DType = 3
+)
+
+func dtypeSize(t DType) int {
+	if t == Float32 {
+		return 4
+	}
+	return 2
+}
+
+// Algorithm selects flash (the default) or standard attention (S and P materialized).
+type Algorithm = capi.Algorithm
+
+const (
+	Flash    Algorithm = 0
+	Standard Algorithm = 1
+)
+
+// Version is the loaded library's "MAJOR.MINOR.PATCH".
+func Version() string { return capi.Flashattn_version_string() }
+
+// HasCUDA tells whether the loaded library has its CUDA backend compiled in.
+func HasCUDA() bool { return capi.Flashattn_has_cuda() != 0 }
+
+// CUDADeviceCount is the number of CUDA devices the library can use (0 without CUDA, driver or
+// device).
+func CUDADeviceCount() (int, error) {
+	var n int32
+	err := capi.Flashattn_cuda_device_count(&n)
+	return int(n), err
+}
+
+// Options of a call; the zero value (or nil) is the default: scale 1/sqrt(head_dim), no mask,
+// flash algorithm.
+type Options struct {
+	Scale         float32 // 0: 1/sqrt(head_dim)
+	Causal        bool    // key j masked for query i when j > i + seqlen_k - seqlen_q
+	Algorithm     Algorithm
+	Deterministic bool // bit-identical backward results run after run
+}
+
+func (o *Options) raw() (*capi.Options, error) {
+	r := &capi.Options{}
+	if err := capi.Flashattn_options_init(r); err != nil {
+		return nil, err
+	}
+	if o != nil {
+		r.SoftmaxScale = o.Scale
+		r.Algorithm = o.Algorithm
+		if o.Causal {
+			r.Causal = 1
+		}
+		if o.Deterministic {
+			r.Deterministic = 1
+		}
+	}
+	return r, nil
+}
+
+// Context binds one backend and device. It is used by one goroutine at a time.
+type Context struct {
+	h capi.Context
+}
+
+// NewContext creates a context for backend (and, for CUDA, device). Close it when done.
+func NewContext(backend Backend, device int) (*Context, error) {
+	var h capi.Context
+	if err := capi.Flashattn_context_create(&h, backend, device); err != nil {
+		return nil, err
+	}
+	c := &Context{h: h}
+	runtime.SetFinalizer(c, (*Context).Close)
+	return c, nil
+}
+
+// Close destroys the context (waiting for its work). Buffers created from it stay usable until
+// they are closed. Closing twice is a no-op.
+func (c *Context) Close() error {
+	if c == nil || c.h == 0 {
+		return nil
+	}
+	h := c.h
+	c.h = 0
+	runtime.SetFinalizer(c, nil)
+	return capi.Flashattn_context_destroy(h)
+}
+
+// Backend is the backend the context runs on (Auto resolved).
+func (c *Context) Backend() (Backend, error) {
+	var b Backend
+	err := capi.Flashattn_context_get_backend(&b, c.h)
+	return b, err
+}
+
+// Device is the CUDA device ordinal, -1 for a CPU context.
+func (c *Context) Device() (int, error) {
+	var d int32
+	err := capi.Flashattn_context_get_device(&d, c.h)
+	return int(d), err
+}
+
+// SetStream makes later work run on a cudaStream_t of the caller's (0: the context's own).
+func (c *Context) SetStream(stream uintptr) error {
+	return capi.Flashattn_context_set_stream(c.h, stream)
+}
+
+// Stream is the cudaStream_t work is enqueued on (0 for a CPU context).
+func (c *Context) Stream() (uintptr, error) {
+	var s uintptr
+	err := capi.Flashattn_context_get_stream(&s, c.h)
+	return s, err
+}
+
+// SetNumThreads sets the threads of a CPU context (0: one per hardware thread).
+func (c *Context) SetNumThreads(n int) error {
+	return capi.Flashattn_context_set_num_threads(c.h, n)
+}
+
+// Synchronize waits for the work enqueued on the context's stream.
+func (c *Context) Synchronize() error { return capi.Flashattn_context_synchronize(c.h) }
+
+// Buffer is memory of a context: device memory for CUDA, host memory for the CPU.
+type Buffer struct {
+	h    capi.Buffer
+	size int
+	ptr  uintptr
+}
+
+// NewBuffer allocates bytes (> 0) of the context's memory (contents undefined). Close it.
+func (c *Context) NewBuffer(bytes int) (*Buffer, error) {
+	var h capi.Buffer
+	if err := capi.Flashattn_buffer_create(&h, c.h, int64(bytes)); err != nil {
+		return nil, err
+	}
+	var ptr uintptr
+	if err := capi.Flashattn_buffer_data(&ptr, h); err != nil {
+		capi.Flashattn_buffer_destroy(h)
+		return nil, err
+	}
+	b := &Buffer{h: h, size: bytes, ptr: ptr}
+	runtime.SetFinalizer(b, (*Buffer).Close)
+	return b, nil
+}
+
+// Close frees the buffer once the work enqueued on its context is done. Closing twice is a
+// no-op.
+func (b *Buffer) Close() error {
+	if b == nil || b.h == 0 {
+		return nil
+	}
+	h := b.h
+	b.h, b.ptr = 0, 0
+	runtime.SetFinalizer(b, nil)
+	return capi.Flashattn_buffer_destroy(h)
+}
+
+// Size is the buffer's size in bytes.
+func (b *Buffer) Size() int { return b.size }
+
+// Ptr is the buffer's address (device memory for a CUDA context); 0 once closed.
+func (b *Buffer) Ptr() uintptr { return b.ptr }
+
+// Write copies src to the buffer at byte offset.
+func (b *Buffer) Write(offset int, src []byte) error {
+	err := capi.Flashattn_buffer_write(b.h, int64(offset), src)
+	runtime.KeepAlive(b)
+	return err
+}
+
+// Read copies from the buffer at byte offset into dst.
+func (b *Buffer) Read(offset int, dst []byte) error {
+	err := capi.Flashattn_buffer_read(b.h, int64(offset), dst)
+	runtime.KeepAlive(b)
+	return err
+}
+
+func asBytes[T float32 | uint16](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// WriteFloat32 copies src to the start of the buffer.
+func (b *Buffer) WriteFloat32(src []float32) error { return b.Write(0, asBytes(src)) }
+
+// ReadFloat32 fills dst from the start of the buffer.
+func (b *Buffer) ReadFloat32(dst []float32) error { return b.Read(0, asBytes(dst)) }
+
+// WriteUint16 copies src (float16 or bfloat16 bits) to the start of the buffer.
+func (b *Buffer) WriteUint16(src []uint16) error { return b.Write(0, asBytes(src)) }
+
+// ReadUint16 fills dst (float16 or bfloat16 bits) from the start of the buffer.
+func (b *Buffer) ReadUint16(dst []uint16) error { return b.Read(0, asBytes(dst)) }
+
+// Tensor is a view of a buffer: Shape [batch, seqlen, heads, head_dim] (the LSE: [batch, heads,
+// seqlen]) and Strides counted in elements (nil: contiguous), starting Offset bytes into Buffer.
+type Tensor struct {
+	Buffer  *Buffer
+	Offset  int
+	DType   DType
+	Shape   []int64
+	Strides []int64
+}
+
+// View is a contiguous view of the buffer from its start.
+func (b *Buffer) View(dtype DType, shape ...int64) Tensor {
+	return Tensor{Buffer: b, DType: dtype, Shape: shape}
+}
+
+func (t *Tensor) raw(name string) (*capi.Tensor, error) {
+	rank := len(t.Shape)
+	if rank > capi.FLASHATTN_MAX_RANK {
+		return nil, &Error{Status: StatusInvalidShape,
+			Message: fmt.Sprintf("%s: rank is %d, at most %d is possible", name, rank, capi.FLASHATTN_MAX_RANK)}
+	}
+	if t.Strides != nil && len(t.Strides) != rank {
+		return nil, &Error{Status: StatusInvalidShape,
+			Message: fmt.Sprintf("%s: %d strides for %d dimensions", name, len(t.Strides), rank)}
+	}
+	r := &capi.Tensor{Dtype: t.DType, Rank: int32(rank)}
+	if t.Buffer != nil && t.Buffer.ptr != 0 {
+		r.Data = t.Buffer.ptr + uintptr(t.Offset)
+	}
+	stride := int64(1)
+	for i := rank - 1; i >= 0; i-- {
+		r.Shape[i] = t.Shape[i]
+		if t.Strides != nil {
+			r.Strides[i] = t.Strides[i]
+		} else {
+			r.Strides[i] = stride
+			stride *= t.Shape[i]
+		}
+	}
+	return r, nil
+}
+
+func raws(names []string, ts []*Tensor) ([]*capi.Tensor, error) {
+	out := make([]*capi.Tensor, len(ts))
+	for i, t := range ts {
+		if t == nil {
+			continue
+		}
+		r, err := t.raw(names[i])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+func keepAlive(ts []*Tensor) {
+	for _, t := range ts {
+		if t != nil {
+			runtime.KeepAlive(t.Buffer)
+		}
+	}
+}
+
+// Forward computes out = attention(q, k, v) and, when lse is not nil, the log-sum-exp of each
+// row. On a CUDA context it is enqueued on the context's stream.
+func (c *Context) Forward(q, k, v, out Tensor, lse *Tensor, opts *Options) error {
+	ts := []*Tensor{&q, &k, &v, &out, lse}
+	r, err := raws([]string{"q", "k", "v", "out", "lse"}, ts)
+	if err != nil {
+		return err
+	}
+	o, err := opts.raw()
+	if err != nil {
+		return err
+	}
+	err = capi.Flashattn_forward(c.h, r[0], r[1], r[2], r[3], r[4], o, 0, 0)
+	keepAlive(ts)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Backward computes dq, dk and dv from the forward's q, k, v, out and lse and the gradient dout.
+// opts must be the forward's.
+func (c *Context) Backward(q, k, v, out, dout, lse, dq, dk, dv Tensor, opts *Options) error {
+	ts := []*Tensor{&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv}
+	r, err := raws([]string{"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"}, ts)
+	if err != nil {
+		return err
+	}
+	o, err := opts.raw()
+	if err != nil {
+		return err
+	}
+	err = capi.Flashattn_backward(c.h, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], o, 0, 0)
+	keepAlive(ts)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Supported returns nil when the context can run this configuration (the backward too when
+// backward is set), an error saying why not otherwise.
+func (c *Context) Supported(q, k, v Tensor, opts *Options, backward bool) error {
+	_, err := c.query(q, k, v, opts, backward, false)
+	return err
+}
+
+// WorkspaceSize is the scratch memory a call needs (the context allocates and keeps it).
+func (c *Context) WorkspaceSize(q, k, v Tensor, opts *Options, backward bool) (int, error) {
+	return c.query(q, k, v, opts, backward, true)
+}
+
+func (c *Context) query(q, k, v Tensor, opts *Options, backward, size bool) (int, error) {
+	r, err := raws([]string{"q", "k", "v"}, []*Tensor{&q, &k, &v})
+	if err != nil {
+		return 0, err
+	}
+	o, err := opts.raw()
+	if err != nil {
+		return 0, err
+	}
+	flag := 0
+	if backward {
+		flag = 1
+	}
+	if !size {
+		return 0, capi.Flashattn_supported(c.h, r[0], r[1], r[2], o, flag)
+	}
+	var n uint64
+	err = capi.Flashattn_workspace_size(&n, c.h, r[0], r[1], r[2], o, flag)
+	return int(n), err
+}

@@ -1,0 +1,3 @@
+module flashattn.dev/flashattn
+
+go 1.19

@@ -1,0 +1,137 @@
+package flashattn
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A forward and backward on a CUDA context (through device buffers), against float64 attention
+// with the project's tolerance rule; the standard algorithm of the CPU backend in the same dtype
+// sets the bound. Skipped where the library finds no CUDA device. On a GPU machine:
+//
+//	LD_LIBRARY_PATH=<dir of libflashattn.so> ./flashattn_go.test -test.run GPU -test.v
+func gpuContext(t *testing.T) *Context {
+	t.Helper()
+	n, err := CUDADeviceCount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Skip("no CUDA device usable by libflashattn (built without CUDA, or no driver or device)")
+	}
+	ctx, err := NewContext(CUDA, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Close() })
+	return ctx
+}
+
+func TestGPUForwardBackward(t *testing.T) {
+	gpu := gpuContext(t)
+	cpu := cpuContext(t)
+	dims := []Dims{
+		{Batch: 2, SeqLenQ: 128, SeqLenK: 160, HeadsQ: 4, HeadsKV: 2, HeadDim: 64},
+		{Batch: 1, SeqLenQ: 77, SeqLenK: 77, HeadsQ: 2, HeadsKV: 2, HeadDim: 128},
+	}
+	for _, d := range dims {
+		for _, dtype := range []DType{Float16, BFloat16} {
+			for _, causal := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%+v/%d/causal=%v", d, dtype, causal), func(t *testing.T) {
+					p := newProblem(d, dtype, 7)
+					q, k, v, dout := to16(p.q, dtype), to16(p.k, dtype), to16(p.v, dtype), to16(p.dout, dtype)
+					opts := &Options{Causal: causal}
+					std := &Options{Causal: causal, Algorithm: Standard}
+
+					out, lse, err := gpu.Attention16(dtype, d, q, k, v, opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					stdOut, stdLse, err := cpu.Attention16(dtype, d, q, k, v, std)
+					if err != nil {
+						t.Fatal(err)
+					}
+					refOut, _ := naive(d, p.q, p.k, p.v, causal, p.scale, exact)
+					within(t, "out", from16(out, dtype), refOut, from16(stdOut, dtype), atol[dtype])
+
+					dq, dk, dv, err := gpu.AttentionBackward16(dtype, d, q, k, v, out, dout, lse, opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sq, sk, sv, err := cpu.AttentionBackward16(dtype, d, q, k, v, stdOut, dout, stdLse, std)
+					if err != nil {
+						t.Fatal(err)
+					}
+					rq, rk, rv := naiveBackward(d, p.q, p.k, p.v, p.dout, causal, p.scale, exact)
+					within(t, "dq", from16(dq, dtype), rq, from16(sq, dtype), atol[dtype])
+					within(t, "dk", from16(dk, dtype), rk, from16(sk, dtype), atol[dtype])
+					within(t, "dv", from16(dv, dtype), rv, from16(sv, dtype), atol[dtype])
+				})
+			}
+		}
+	}
+}
+
+// Views of device buffers, the stream, and the library's messages for device-side mistakes.
+func TestGPUBuffersAndErrors(t *testing.T) {
+	gpu := gpuContext(t)
+	cpu := cpuContext(t)
+	d := Dims{Batch: 1, SeqLenQ: 64, SeqLenK: 64, HeadsQ: 2, HeadsKV: 2, HeadDim: 64}
+	p := newProblem(d, Float16, 8)
+	q := to16(p.q, Float16)
+	want, _, err := gpu.Attention16(Float16, d, q, q, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	in, err := gpu.NewBuffer(2 * len(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := gpu.NewBuffer(2 * len(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := in.WriteUint16(q); err != nil {
+		t.Fatal(err)
+	}
+	view := in.View(Float16, d.q()...)
+	if err := gpu.Forward(view, view, view, out.View(Float16, d.q()...), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint16, len(q))
+	if err := out.ReadUint16(got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("element %d: %#04x through buffers, %#04x through Attention16", i, got[i], want[i])
+		}
+	}
+	if s, err := gpu.Stream(); err != nil || s == 0 {
+		t.Errorf("a CUDA context's stream: %#x, %v", s, err)
+	}
+
+	host, err := cpu.NewBuffer(2 * len(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	err = gpu.Forward(host.View(Float16, d.q()...), view, view, out.View(Float16, d.q()...), nil, nil)
+	if !errors.Is(err, ErrInvalidMemory) || !strings.Contains(err.Error(), "q: points into a buffer of another context's host memory") {
+		t.Errorf("a host buffer on the GPU: %v", err)
+	}
+	f32 := in.View(Float32, 1, 32, 2, 64)
+	var e *Error
+	if err := gpu.Forward(f32, f32, f32, out.View(Float32, 1, 32, 2, 64), nil, nil); !errors.As(err, &e) ||
+		!strings.HasPrefix(e.Message, "flashattn_forward: ") {
+		t.Errorf("float32 on the GPU: %v", err)
+	}
+}
