@@ -51,12 +51,15 @@ static double naive_max_error(void) {
   return worst;
 }
 
+/* Uniform in [-0.5, 0.5]. */
+static float uniform(void) { return (float)((double)rand() / RAND_MAX - 0.5); }
+
 int main(void) {
   srand(1);
   for (int i = 0; i < B * N * H * D; ++i) {
-    (&q[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
-    (&k[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
-    (&v[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
+    (&q[0][0][0][0])[i] = uniform();
+    (&k[0][0][0][0])[i] = uniform();
+    (&v[0][0][0][0])[i] = uniform();
   }
 
   flashattn_context_t ctx;

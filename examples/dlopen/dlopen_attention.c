@@ -59,6 +59,9 @@ static void check(flashattn_status_t st, const char *what) {
 
 static float q[B][NQ][HQ][D], k[B][NK][HKV][D], v[B][NK][HKV][D], out[B][NQ][HQ][D];
 
+/* Uniform in [-0.5, 0.5]. */
+static float uniform(void) { return (float)((double)rand() / RAND_MAX - 0.5); }
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s /path/to/libflashattn.so.%d\n", argv[0], FLASHATTN_VERSION_MAJOR);
@@ -87,10 +90,10 @@ int main(int argc, char **argv) {
   }
 
   srand(7);
-  for (int i = 0; i < B * NQ * HQ * D; ++i) (&q[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
+  for (int i = 0; i < B * NQ * HQ * D; ++i) (&q[0][0][0][0])[i] = uniform();
   for (int i = 0; i < B * NK * HKV * D; ++i) {
-    (&k[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
-    (&v[0][0][0][0])[i] = (float)rand() / RAND_MAX - 0.5f;
+    (&k[0][0][0][0])[i] = uniform();
+    (&v[0][0][0][0])[i] = uniform();
   }
 
   flashattn_context_t ctx;

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# check_install.sh BUILD_DIR SOURCE_DIR WORK_DIR CC VERSION [SANITIZERS]
+# check_install.sh BUILD_DIR SOURCE_DIR WORK_DIR CC VERSION [EXTRA_CFLAGS]
 # Installs the build into a fresh prefix, then builds every examples/c/*.c the way a user would,
 # with nothing but `cc $(pkg-config --cflags --libs flashattn)`, and runs it against the
 # installed library. Also checks what was installed, and that a CMake project finds the package.
 set -euo pipefail
-build=$1 src=$2 work=$3 cc=$4 version=$5 san=${6:-}
+build=$1 src=$2 work=$3 cc=$4 version=$5 extra_cflags=${6:-}
 major=${version%%.*}
 prefix=$work/prefix
 rm -rf "$work"
@@ -34,13 +34,13 @@ case " $flags " in
   *) fail "the .pc file does not point at the prefix it was installed to ($prefix)" ;;
 esac
 
-extra=()
-[ -n "$san" ] && extra+=("-fsanitize=$san")
+# Sanitizer flags of a sanitized build, ';'-separated as CMake passes a list.
+IFS=';' read -r -a extra <<< "$extra_cflags"
 n=0
 for example in "$src"/examples/c/*.c; do
   name=$(basename "$example" .c)
   # shellcheck disable=SC2086  # pkg-config output is a list of flags
-  "$cc" -std=c99 -Wall -Wextra -Werror "${extra[@]}" "$example" -o "$work/$name" $flags -lm
+  "$cc" -std=c99 -pedantic -Wall -Wextra -Werror "$example" -o "$work/$name" $flags -lm "${extra[@]}"
   LD_LIBRARY_PATH=$libdir "$work/$name"
   # The program ran against the installed library, not the build tree's.
   resolved=$(LD_LIBRARY_PATH=$libdir ldd "$work/$name" | awk '/libflashattn/ { print $3 }')
@@ -60,8 +60,7 @@ find_package(flashattn REQUIRED CONFIG)
 add_executable(consumer "$src/examples/c/attention.c")
 target_link_libraries(consumer PRIVATE flashattn::flashattn m)
 CMAKE
-cflags=""
-[ -n "$san" ] && cflags="-fsanitize=$san"
+cflags="${extra[*]}"  # also passed to the link: the sanitizer runtimes
 cmake -S "$consumer" -B "$consumer/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" \
   -DCMAKE_C_FLAGS="$cflags" > "$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "find_package(flashattn) failed"; }
 cmake --build "$consumer/build" >> "$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "building against flashattn::flashattn failed"; }

@@ -14,6 +14,6 @@ trap 'rm -rf "$work"' EXIT
 awk '/^```c$/ { on = 1; next } on && /^```/ { exit } on { print }' "$readme" > "$work/readme.c"
 [ -s "$work/readme.c" ] || { echo "FAIL: no \`\`\`c block in $readme"; exit 1; }
 echo "README example: $(wc -l < "$work/readme.c") lines"
-"$cc" -std=c99 -pedantic -Wall -Wextra -Werror "$@" "${includes[@]}" "$work/readme.c" \
-  -o "$work/readme" -L"$libdir" -lflashattn
+"$cc" -std=c99 -pedantic -Wall -Wextra -Werror "${includes[@]}" "$work/readme.c" \
+  -o "$work/readme" -L"$libdir" -lflashattn "$@"
 LD_LIBRARY_PATH=$libdir "$work/readme"

@@ -9,6 +9,19 @@
 
 using namespace api_test;
 
+#if defined(__SANITIZE_ADDRESS__)
+#define API_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define API_TEST_ASAN 1
+#endif
+#endif
+#ifdef API_TEST_ASAN
+// Impossible allocations must come back as NULL (and so as OUT_OF_MEMORY) under ASan too, whose
+// allocator otherwise stops the program on them.
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
+#endif
+
 namespace {
 
 // A buffer destroyed with the test.
@@ -92,6 +105,13 @@ TEST_SUITE("buffers") {
     EXPECT_STATUS(flashattn_buffer_create(&buf, ctx, size_t(1) << 62), FLASHATTN_ERROR_OUT_OF_MEMORY,
                   "flashattn_buffer_create: ");
     CHECK(buf == nullptr);
+    // Sizes near SIZE_MAX must not wrap around when rounded up to the alignment.
+    for (size_t bytes : {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX / 2 + 1}) {
+      CAPTURE(bytes);
+      EXPECT_STATUS(flashattn_buffer_create(&buf, ctx, bytes), FLASHATTN_ERROR_OUT_OF_MEMORY,
+                    "flashattn_buffer_create: ");
+      CHECK(buf == nullptr);
+    }
     // The context is still usable.
     Buffer ok(ctx, 64);
   }
