@@ -1,0 +1,1181 @@
+// libFuzzer harness over the whole C ABI on the CPU backend.
+//
+// Each input is decoded into a sequence of API calls (see the Op enum; tests/fuzz/make_corpus.py
+// writes seeds in the same encoding). The harness owns a few slots of contexts, buffers, tensor
+// views and an options block, and checks the contract after every call: the status is a defined
+// code and never INTERNAL; the last-error message is empty exactly on success; a rejected call
+// (1xx, 2xx) left every buffer and every `*out` untouched; buffer copies move the right bytes;
+// absurd allocations fail with OUT_OF_MEMORY. A violated invariant aborts, which libFuzzer
+// reports like a crash. Every context and buffer is destroyed at the end of an input, so
+// LeakSanitizer reports any leak of the library's.
+//
+// Pointers: on a CPU context the library cannot check a host pointer that lies outside its own
+// buffers, so the harness only hands it NULL, odd garbage addresses (every dtype needs at least
+// 2-byte alignment, so validation rejects them before use), or addresses inside live flashattn
+// buffers (whose ends the library checks). Host workspaces are the harness's own allocations of
+// exactly the size passed.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include <flashattn/flashattn.h>
+
+// fuzz_shim.c: enum arguments passed by value, from C.
+extern "C" {
+flashattn_status_t fuzz_context_create(flashattn_context_t* out, int backend, int device);
+const char* fuzz_status_string(int status);
+flashattn_status_t fuzz_tensor_4d(flashattn_tensor_t* out, void* data, int dtype, int64_t batch,
+                                  int64_t seqlen, int64_t heads, int64_t head_dim);
+}
+
+// Huge allocation requests must come back as NULL (and then OUT_OF_MEMORY), not abort.
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Limits that keep one execution small and fast.
+
+constexpr int kCtxSlots = 4;
+constexpr int kBufSlots = 12;
+constexpr int kViewSlots = 12;
+constexpr int kMaxOps = 64;
+constexpr size_t kMaxBufferBytes = size_t(64) << 20;   // one buffer
+constexpr size_t kMaxLiveBytes = size_t(160) << 20;    // all buffers of one input
+constexpr size_t kMaxSnapshotBytes = size_t(1) << 20;  // outputs-untouched check above this: off
+constexpr int64_t kMaxCompute = int64_t(1) << 15;      // B * Hq * Nq * Nk * D of a forward/backward
+constexpr int kMaxComputeThreads = 8;                  // more threads: only validation is fuzzed
+constexpr size_t kOptionsBlock = 4096 + 64;            // options storage: sizes up to this are real
+
+// ---------------------------------------------------------------------------------------------
+// Failure reporting.
+
+[[noreturn]] void violated(const char* what, int line, const char* detail) {
+  std::fprintf(stderr, "fuzz_api: invariant violated at line %d: %s\n  %s\n  last error: %s\n", line,
+               what, detail != nullptr ? detail : "", flashattn_last_error());
+  std::abort();
+}
+#define EXPECT(cond, detail)                          \
+  do {                                                \
+    if (!(cond)) violated(#cond, __LINE__, (detail)); \
+  } while (0)
+
+int bits(flashattn_status_t s) {
+  int v;
+  std::memcpy(&v, &s, sizeof v);
+  return v;
+}
+
+template <class Enum>
+void store_enum(Enum* field, int32_t v) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "C enums are int-sized");
+  std::memcpy(field, &v, sizeof v);
+}
+
+bool known_status(int v) {
+  switch (v) {
+    case 0: case 100: case 101: case 102: case 103: case 104: case 105: case 106:
+    case 200: case 201: case 300: case 301: case 400: case 500:
+      return true;
+  }
+  return false;
+}
+
+// FLASHATTN_FUZZ_TRACE=1 prints every checked call: to see what a seed or a finding does.
+bool tracing() {
+  static const bool on = std::getenv("FLASHATTN_FUZZ_TRACE") != nullptr;
+  return on;
+}
+
+// The contract every status-returning call keeps; returns the status as an int.
+int check_status(flashattn_status_t st, const char* call) {
+  const int v = bits(st);
+  if (tracing()) std::fprintf(stderr, "  %-22s -> %3d %s\n", call, v, flashattn_last_error());
+  EXPECT(known_status(v), call);
+  EXPECT(v != FLASHATTN_ERROR_INTERNAL, call);  // 5xx is a bug in the library by definition
+  const char* msg = flashattn_last_error();
+  EXPECT(msg != nullptr, call);
+  if (v == FLASHATTN_SUCCESS) {
+    EXPECT(msg[0] == '\0', call);
+  } else {
+    EXPECT(msg[0] != '\0', call);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input decoding. Reads past the end return zeros, so any prefix of an input is an input.
+
+class Input {
+ public:
+  Input(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  bool empty() const { return n_ == 0; }
+  uint8_t u8() {
+    if (n_ == 0) return 0;
+    --n_;
+    return *p_++;
+  }
+  // Little endian. Each read is its own statement: operands of | are unsequenced.
+  uint16_t u16() {
+    const uint16_t lo = u8();
+    return static_cast<uint16_t>(lo | (u8() << 8));
+  }
+  uint32_t u32() {
+    const uint32_t lo = u16();
+    return lo | (static_cast<uint32_t>(u16()) << 16);
+  }
+  uint64_t u64() {
+    const uint64_t lo = u32();
+    return lo | (static_cast<uint64_t>(u32()) << 32);
+  }
+  int32_t i32() {
+    uint32_t v = u32();
+    int32_t r;
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+};
+
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+const int64_t kInteresting[] = {0,
+                                1,
+                                2,
+                                3,
+                                7,
+                                16,
+                                31,
+                                32,
+                                33,
+                                64,
+                                65,
+                                128,
+                                255,
+                                256,
+                                257,
+                                4096,
+                                65536,
+                                (int64_t(1) << 31) - 1,
+                                int64_t(1) << 31,
+                                (int64_t(1) << 32) - 1,
+                                int64_t(1) << 32,
+                                int64_t(1) << 40,
+                                int64_t(1) << 56,
+                                int64_t(1) << 62,
+                                kI64Max,
+                                kI64Max - 1,
+                                -1,
+                                -2,
+                                -(int64_t(1) << 31),
+                                kI64Min,
+                                kI64Min + 1};
+constexpr int kNumInteresting = sizeof(kInteresting) / sizeof(kInteresting[0]);
+
+// A shape or stride: mostly small, sometimes an edge value or raw 64 bits.
+int64_t fuzz_i64(Input& in) {
+  const uint8_t mode = in.u8() % 8;
+  switch (mode) {
+    case 0: case 1: case 2: case 3: return 1 + in.u8() % 16;
+    case 4: return kInteresting[in.u8() % kNumInteresting];
+    case 5: {
+      const int64_t base = kInteresting[in.u8() % kNumInteresting];
+      const int64_t delta = static_cast<int8_t>(in.u8());
+      int64_t r;
+      return __builtin_add_overflow(base, delta, &r) ? base : r;
+    }
+    case 6: return static_cast<int64_t>(in.u64());
+    default: return -static_cast<int64_t>(in.u8() % 17);
+  }
+}
+
+int32_t fuzz_i32(Input& in, const int32_t* table, int n) {
+  const uint8_t sel = in.u8();
+  if (sel < 200) return table[sel % n];
+  return in.i32();
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp16 / bf16 encodings of small finite values (round to nearest is not needed: any value is
+// fine as long as it is finite).
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint16_t to_f16(float f) {  // |f| < 65504, normal or zero
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
+  if (exp <= 0) return static_cast<uint16_t>(sign);
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7bffu);
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | ((u >> 13) & 0x3ffu));
+}
+
+size_t elem_size(int dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2; }
+
+// ---------------------------------------------------------------------------------------------
+// The harness state for one input.
+
+struct Buffer {
+  flashattn_buffer_t handle = nullptr;
+  unsigned char* data = nullptr;
+  size_t size = 0;
+};
+
+struct View {
+  flashattn_tensor_t t{};
+  int buf = -1;  // the buffer slot data points into, or -1 (NULL or garbage)
+};
+
+struct HostBlock {  // an exact-size host allocation, so ASan sees any overrun
+  std::unique_ptr<unsigned char[]> p;
+  size_t n = 0;
+  void reset(size_t bytes) {
+    n = bytes;
+    p.reset(new unsigned char[bytes == 0 ? 1 : bytes]);
+  }
+};
+
+class Harness {
+ public:
+  explicit Harness(Input& in) : in_(in) { reset_options(sizeof(flashattn_options_t)); }
+
+  ~Harness() {
+    for (int b = 0; b < kBufSlots; ++b) destroy_buffer(b);
+    for (int c = 0; c < kCtxSlots; ++c) destroy_context(c);
+  }
+
+  void run() {
+    for (int i = 0; i < kMaxOps && !in_.empty(); ++i) step();
+  }
+
+ private:
+  enum Op {
+    kCtxCreate,
+    kCtxDestroy,
+    kCtxMisc,
+    kBufCreate,
+    kBufDestroy,
+    kBufWrite,
+    kBufRead,
+    kBufInfo,
+    kViewMake,
+    kViewTweak,
+    kProblem,
+    kOptions,
+    kCall,
+    kMisc,
+    kNumOps
+  };
+
+  void step() {
+    switch (in_.u8() % kNumOps) {
+      case kCtxCreate: op_ctx_create(); break;
+      case kCtxDestroy: destroy_context(in_.u8() % (kCtxSlots + 1)); break;
+      case kCtxMisc: op_ctx_misc(); break;
+      case kBufCreate: op_buf_create(); break;
+      case kBufDestroy: destroy_buffer(in_.u8() % (kBufSlots + 1)); break;
+      case kBufWrite: op_buf_copy(true); break;
+      case kBufRead: op_buf_copy(false); break;
+      case kBufInfo: op_buf_info(); break;
+      case kViewMake: op_view_make(); break;
+      case kViewTweak: op_view_tweak(); break;
+      case kProblem: op_problem(); break;
+      case kOptions: op_options(); break;
+      case kCall: op_call(); break;
+      case kMisc: op_misc(); break;
+    }
+  }
+
+  // ----- contexts -----
+
+  flashattn_context_t ctx_arg(int slot) const { return slot < kCtxSlots ? ctx_[slot] : nullptr; }
+
+  void destroy_context(int slot) {
+    if (slot >= kCtxSlots) {
+      EXPECT(check_status(flashattn_context_destroy(nullptr), "context_destroy(NULL)") == 0, "");
+      return;
+    }
+    if (ctx_[slot] == nullptr) return;
+    EXPECT(check_status(flashattn_context_destroy(ctx_[slot]), "context_destroy") == 0, "");
+    ctx_[slot] = nullptr;
+    threads_[slot] = 0;
+  }
+
+  void op_ctx_create() {
+    const int slot = in_.u8() % kCtxSlots;
+    const uint8_t mode = in_.u8();
+    int32_t backend;
+    switch (mode & 3) {
+      case 0: backend = FLASHATTN_BACKEND_CPU; break;
+      case 1: backend = FLASHATTN_BACKEND_AUTO; break;
+      case 2: backend = FLASHATTN_BACKEND_CUDA; break;
+      default: backend = in_.i32(); break;
+    }
+    int device;
+    switch ((mode >> 2) & 3) {
+      case 0: device = 0; break;
+      case 1: device = 1; break;
+      case 2: device = -1; break;
+      default: device = in_.i32(); break;
+    }
+    const bool null_out = (mode & 16) != 0;
+    destroy_context(slot);
+    flashattn_context_t sentinel = reinterpret_cast<flashattn_context_t>(uintptr_t(0x5eed));
+    flashattn_context_t ctx = sentinel;
+    const int st = check_status(fuzz_context_create(null_out ? nullptr : &ctx, backend, device),
+                                "context_create");
+    const bool valid_backend = backend == FLASHATTN_BACKEND_AUTO || backend == FLASHATTN_BACKEND_CPU ||
+                               backend == FLASHATTN_BACKEND_CUDA;
+    if (null_out || !valid_backend || device < 0) {
+      EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "bad out/backend/device must be rejected");
+    } else if (backend == FLASHATTN_BACKEND_CUDA && !flashattn_has_cuda()) {
+      EXPECT(st == FLASHATTN_ERROR_BACKEND_UNAVAILABLE, "CUDA without CUDA compiled in");
+    } else if (backend != FLASHATTN_BACKEND_CUDA) {
+      EXPECT(st == FLASHATTN_SUCCESS, "CPU/AUTO context creation");
+    }
+    if (st != FLASHATTN_SUCCESS) {
+      EXPECT(ctx == sentinel, "*out changed by a failed context_create");
+      return;
+    }
+    ctx_[slot] = ctx;
+    flashattn_backend_t got;
+    EXPECT(check_status(flashattn_context_get_backend(&got, ctx), "get_backend") == 0, "");
+    const int got_bits = static_cast<int>(got);
+    if (!flashattn_has_cuda()) EXPECT(got_bits == FLASHATTN_BACKEND_CPU, "backend without CUDA");
+    if (got_bits != FLASHATTN_BACKEND_CPU) {  // a CUDA context: this harness fuzzes the CPU only
+      destroy_context(slot);
+    }
+  }
+
+  void op_ctx_misc() {
+    const int slot = in_.u8() % (kCtxSlots + 1);
+    const uint8_t what = in_.u8();
+    flashattn_context_t ctx = ctx_arg(slot);
+    const bool null_out = (what & 0x80) != 0;
+    int st;
+    switch (what % 8) {
+      case 0: {
+        flashattn_backend_t out;
+        store_enum(&out, 77);
+        st = check_status(flashattn_context_get_backend(null_out ? nullptr : &out, ctx), "get_backend");
+        if (st == 0) {
+          EXPECT(out == FLASHATTN_BACKEND_CPU, "get_backend");
+        } else {
+          int v;
+          std::memcpy(&v, &out, sizeof v);
+          EXPECT(v == 77, "*out changed by failed get_backend");
+        }
+        break;
+      }
+      case 1: {
+        int out = 77;
+        st = check_status(flashattn_context_get_device(null_out ? nullptr : &out, ctx), "get_device");
+        EXPECT(st == 0 ? out == -1 : out == 77, "get_device");
+        break;
+      }
+      case 2: {
+        void* out = &out;
+        void* const before = out;
+        st = check_status(flashattn_context_get_stream(null_out ? nullptr : &out, ctx), "get_stream");
+        EXPECT(st == 0 ? out == nullptr : out == before, "get_stream");
+        break;
+      }
+      case 3:
+        st = check_status(flashattn_context_set_stream(ctx, nullptr), "set_stream(NULL)");
+        break;
+      case 4: {
+        // A non-NULL stream on a CPU context is refused before it is ever used.
+        void* garbage = reinterpret_cast<void*>(uintptr_t(0xdead0001) + in_.u8());
+        st = check_status(flashattn_context_set_stream(ctx, garbage), "set_stream(garbage)");
+        EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "a CPU context takes no stream");
+        return;
+      }
+      case 5:
+        st = check_status(flashattn_context_synchronize(ctx), "synchronize");
+        break;
+      default: {
+        static const int32_t kThreads[] = {0, 1, 2, 3, 4, -1, 1024, 4096,
+                                           std::numeric_limits<int32_t>::max(),
+                                           std::numeric_limits<int32_t>::min()};
+        const int32_t n = fuzz_i32(in_, kThreads, sizeof(kThreads) / sizeof(kThreads[0]));
+        st = check_status(flashattn_context_set_num_threads(ctx, n), "set_num_threads");
+        if (ctx != nullptr) {
+          EXPECT((st == 0) == (n >= 0), "set_num_threads accepts exactly n >= 0");
+          if (st == 0) threads_[slot] = n;
+        }
+        break;
+      }
+    }
+    if (ctx == nullptr) EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL context");
+  }
+
+  // ----- buffers -----
+
+  size_t live_bytes() const {
+    size_t total = 0;
+    for (const Buffer& b : bufs_) total += b.size;
+    return total;
+  }
+
+  void forget_views_of(int slot) {
+    for (View& v : views_) {
+      if (v.buf == slot) {
+        v.t.data = nullptr;
+        v.buf = -1;
+      }
+    }
+  }
+
+  void destroy_buffer(int slot) {
+    if (slot >= kBufSlots) {
+      EXPECT(check_status(flashattn_buffer_destroy(nullptr), "buffer_destroy(NULL)") == 0, "");
+      return;
+    }
+    Buffer& b = bufs_[slot];
+    if (b.handle == nullptr) return;
+    EXPECT(check_status(flashattn_buffer_destroy(b.handle), "buffer_destroy") == 0, "");
+    b = Buffer{};
+    forget_views_of(slot);
+  }
+
+  // Creates a buffer in `slot` on context slot `c`; returns whether it exists afterwards.
+  bool create_buffer(int slot, int c, size_t bytes, bool null_out) {
+    destroy_buffer(slot);
+    flashattn_context_t ctx = ctx_arg(c);
+    flashattn_buffer_t sentinel = reinterpret_cast<flashattn_buffer_t>(uintptr_t(0x5eed));
+    flashattn_buffer_t h = sentinel;
+    const int st = check_status(flashattn_buffer_create(null_out ? nullptr : &h, ctx, bytes),
+                                "buffer_create");
+    if (null_out || ctx == nullptr || bytes == 0) {
+      EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "buffer_create bad argument");
+    } else if (bytes > kMaxBufferBytes) {
+      EXPECT(st == FLASHATTN_ERROR_OUT_OF_MEMORY, "an absurd allocation must fail cleanly");
+    } else {
+      EXPECT(st == FLASHATTN_SUCCESS, "buffer_create of a modest size");
+    }
+    if (st != FLASHATTN_SUCCESS) {
+      EXPECT(h == sentinel, "*out changed by a failed buffer_create");
+      return false;
+    }
+    void* data = nullptr;
+    size_t size = 0;
+    EXPECT(check_status(flashattn_buffer_data(&data, h), "buffer_data") == 0, "");
+    EXPECT(check_status(flashattn_buffer_size(&size, h), "buffer_size") == 0, "");
+    EXPECT(size == bytes, "buffer_size");
+    EXPECT(data != nullptr && reinterpret_cast<uintptr_t>(data) % 256 == 0, "256-byte alignment");
+    // Defined contents, so that every run of an input computes the same thing.
+    std::memset(data, 0x3c, bytes);
+    bufs_[slot] = Buffer{h, static_cast<unsigned char*>(data), bytes};
+    return true;
+  }
+
+  void op_buf_create() {
+    const int slot = in_.u8() % kBufSlots;
+    const int c = in_.u8() % (kCtxSlots + 1);
+    const uint8_t mode = in_.u8();
+    size_t bytes;
+    switch (mode % 16) {
+      case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7:
+        bytes = 1 + in_.u16();
+        break;
+      case 8: case 9: case 10: bytes = 1 + in_.u32() % (size_t(1) << 20); break;
+      case 11: bytes = 1 + in_.u32() % kMaxBufferBytes; break;
+      case 12: bytes = 0; break;
+      default: {
+        static const size_t kAbsurd[] = {SIZE_MAX,
+                                         SIZE_MAX - 255,
+                                         SIZE_MAX - 254,
+                                         size_t(1) << 63,
+                                         (size_t(1) << 47) + 1,
+                                         size_t(1) << 48,
+                                         size_t(1) << 56,
+                                         (SIZE_MAX >> 1) + 1 + 255};
+        bytes = kAbsurd[in_.u8() % (sizeof(kAbsurd) / sizeof(kAbsurd[0]))];
+        break;
+      }
+    }
+    if (bytes <= kMaxBufferBytes && live_bytes() + bytes > kMaxLiveBytes) bytes = 1 + bytes % 4096;
+    create_buffer(slot, c, bytes, (mode & 0x80) != 0 && (mode & 0x40) != 0);
+  }
+
+  // An offset or byte count relative to a buffer of `size` bytes.
+  size_t fuzz_extent(size_t size) {
+    const uint8_t mode = in_.u8();
+    switch (mode % 12) {
+      case 0: return 0;
+      case 1: return 1;
+      case 2: return size;
+      case 3: return size == 0 ? 0 : size - 1;
+      case 4: return size + 1;
+      case 5: return size / 2;
+      case 6: return SIZE_MAX;
+      case 7: return SIZE_MAX - size + 1;
+      case 8: return in_.u32();
+      default: return size == 0 ? in_.u16() : in_.u32() % (size + 1);
+    }
+  }
+
+  void op_buf_copy(bool write) {
+    const int slot = in_.u8() % (kBufSlots + 1);
+    const uint8_t mode = in_.u8();
+    const bool null_host = mode % 16 == 0;
+    Buffer* b = slot < kBufSlots && bufs_[slot].handle != nullptr ? &bufs_[slot] : nullptr;
+    const size_t size = b != nullptr ? b->size : 64;
+    const size_t offset = fuzz_extent(size);
+    const size_t bytes = fuzz_extent(size);
+    size_t end = 0;
+    const bool fits = !__builtin_add_overflow(offset, bytes, &end) && end <= size;
+    const bool valid = b != nullptr && !null_host && fits;
+    // Valid: host memory of exactly `bytes`. Invalid: a small block the library must not touch.
+    HostBlock host;
+    host.reset(valid ? bytes : 16);
+    const unsigned char fill = static_cast<unsigned char>(in_.u8() | 1);
+    std::memset(host.p.get(), fill, host.n == 0 ? 1 : host.n);
+    flashattn_buffer_t h = b != nullptr ? b->handle : nullptr;
+    std::vector<unsigned char> before;
+    if (b != nullptr && b->size <= kMaxSnapshotBytes) before.assign(b->data, b->data + b->size);
+    const int st =
+        write ? check_status(flashattn_buffer_write(h, offset, null_host ? nullptr : host.p.get(), bytes),
+                             "buffer_write")
+              : check_status(flashattn_buffer_read(h, offset, null_host ? nullptr : host.p.get(), bytes),
+                             "buffer_read");
+    if (!valid) {
+      EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "an invalid copy must be refused");
+      for (size_t i = 0; i < 16; ++i) EXPECT(host.p[i] == fill, "host memory touched by a refused copy");
+      if (!before.empty()) EXPECT(std::memcmp(before.data(), b->data, b->size) == 0, "buffer touched");
+      return;
+    }
+    EXPECT(st == FLASHATTN_SUCCESS, "a valid copy must succeed");
+    if (bytes > 0) {
+      EXPECT(std::memcmp(b->data + offset, host.p.get(), bytes) == 0, "copied bytes differ");
+    }
+  }
+
+  void op_buf_info() {
+    const int slot = in_.u8() % (kBufSlots + 1);
+    const uint8_t mode = in_.u8();
+    const bool null_out = (mode & 2) != 0;
+    flashattn_buffer_t h = slot < kBufSlots ? bufs_[slot].handle : nullptr;
+    int st;
+    if (mode & 1) {
+      size_t out = 12345;
+      st = check_status(flashattn_buffer_size(null_out ? nullptr : &out, h), "buffer_size");
+      EXPECT(st == 0 ? out == bufs_[slot].size : out == 12345, "buffer_size");
+    } else {
+      void* out = &out;
+      void* const before = out;
+      st = check_status(flashattn_buffer_data(null_out ? nullptr : &out, h), "buffer_data");
+      EXPECT(st == 0 ? out == bufs_[slot].data : out == before, "buffer_data");
+    }
+    EXPECT((st == 0) == (h != nullptr && !null_out), "buffer info");
+  }
+
+  // ----- tensor views -----
+
+  // A data pointer: NULL, odd garbage, or inside a live buffer. Sets *buf accordingly.
+  void* fuzz_data(int* buf) {
+    *buf = -1;
+    const uint8_t mode = in_.u8() % 8;
+    if (mode == 0) return nullptr;
+    if (mode == 1) {
+      static const uintptr_t kGarbage[] = {1, 3, 0x1001, 0xdeadbeef, 0x7fffffffffffffffull,
+                                           UINTPTR_MAX};
+      return reinterpret_cast<void*>(kGarbage[in_.u8() % (sizeof(kGarbage) / sizeof(kGarbage[0]))]);
+    }
+    const int slot = in_.u8() % kBufSlots;
+    const Buffer& b = bufs_[slot];
+    if (b.handle == nullptr) return nullptr;
+    size_t offset;
+    switch (in_.u8() % 6) {
+      case 0: case 1: offset = 0; break;
+      case 2: offset = (size_t(in_.u16()) * 2) % b.size; break;
+      case 3: offset = (size_t(in_.u16()) * 4) % b.size; break;
+      case 4: offset = b.size - 1 - in_.u16() % b.size; break;
+      default: offset = in_.u32() % b.size; break;
+    }
+    *buf = slot;
+    return b.data + offset;
+  }
+
+  int32_t fuzz_dtype() {
+    const uint8_t sel = in_.u8() % 8;
+    if (sel < 3) return FLASHATTN_DTYPE_FLOAT32;
+    if (sel < 5) return FLASHATTN_DTYPE_FLOAT16;
+    if (sel == 5) return FLASHATTN_DTYPE_BFLOAT16;
+    static const int32_t kBad[] = {0, 4, -1, 255, std::numeric_limits<int32_t>::max(),
+                                   std::numeric_limits<int32_t>::min()};
+    if (sel == 6) return kBad[in_.u8() % 6];
+    return in_.i32();
+  }
+
+  int32_t fuzz_rank() {
+    const uint8_t sel = in_.u8() % 8;
+    if (sel < 5) return 4;
+    if (sel == 5) return 3;
+    static const int32_t kBad[] = {0, 1, 2, 5, -1, std::numeric_limits<int32_t>::max(),
+                                   std::numeric_limits<int32_t>::min()};
+    if (sel == 6) return kBad[in_.u8() % 7];
+    return in_.i32();
+  }
+
+  static void contiguous_strides(flashattn_tensor_t& t, int rank) {
+    int64_t acc = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      t.strides[i] = acc;
+      int64_t next;
+      const int64_t extent = t.shape[i] > 0 ? t.shape[i] : 1;
+      acc = __builtin_mul_overflow(acc, extent, &next) ? kI64Max : next;
+    }
+  }
+
+  void op_view_make() {
+    View& v = views_[in_.u8() % kViewSlots];
+    v = View{};
+    store_enum(&v.t.dtype, fuzz_dtype());
+    v.t.rank = fuzz_rank();
+    for (int i = 0; i < FLASHATTN_MAX_RANK; ++i) v.t.shape[i] = fuzz_i64(in_);
+    const int layout_rank = v.t.rank == 3 ? 3 : 4;
+    switch (in_.u8() % 4) {
+      case 0: contiguous_strides(v.t, layout_rank); break;
+      case 1: {
+        contiguous_strides(v.t, layout_rank);
+        const int i = in_.u8() % FLASHATTN_MAX_RANK;
+        v.t.strides[i] = fuzz_i64(in_);
+        break;
+      }
+      case 2:
+        for (int i = 0; i < FLASHATTN_MAX_RANK; ++i) v.t.strides[i] = fuzz_i64(in_);
+        if (layout_rank == 4 && (in_.u8() & 3) != 0) v.t.strides[3] = 1;
+        break;
+      default:  // padded rows
+        contiguous_strides(v.t, layout_rank);
+        for (int i = 0; i + 1 < layout_rank; ++i) {
+          int64_t padded;
+          if (!__builtin_add_overflow(v.t.strides[i], int64_t(in_.u8() % 8), &padded)) {
+            v.t.strides[i] = padded;
+          }
+        }
+        break;
+    }
+    v.t.data = fuzz_data(&v.buf);
+  }
+
+  void op_view_tweak() {
+    View& v = views_[in_.u8() % kViewSlots];
+    switch (in_.u8() % 7) {
+      case 0: {  // the index is read first: the two sides of = are sequenced right to left
+        const int i = in_.u8() % FLASHATTN_MAX_RANK;
+        v.t.shape[i] = fuzz_i64(in_);
+        break;
+      }
+      case 1: {
+        const int i = in_.u8() % FLASHATTN_MAX_RANK;
+        v.t.strides[i] = fuzz_i64(in_);
+        break;
+      }
+      case 2: store_enum(&v.t.dtype, fuzz_dtype()); break;
+      case 3: v.t.rank = fuzz_rank(); break;
+      case 4: {  // share another view's memory (aliasing)
+        const View& other = views_[in_.u8() % kViewSlots];
+        v.t.data = other.t.data;
+        v.buf = other.buf;
+        break;
+      }
+      case 5: {  // move the pointer inside its buffer
+        if (v.buf < 0) break;
+        const Buffer& b = bufs_[v.buf];
+        const int64_t step = static_cast<int8_t>(in_.u8());
+        const int64_t delta = step * (in_.u8() % 4 == 0 ? 1 : 2);
+        const int64_t pos = (static_cast<unsigned char*>(v.t.data) - b.data) + delta;
+        if (pos >= 0 && static_cast<size_t>(pos) < b.size) v.t.data = b.data + pos;
+        break;
+      }
+      default: v.t.data = fuzz_data(&v.buf); break;
+    }
+  }
+
+  // A consistent problem in view slots 0..8 (q k v out lse dout dq dk dv): small sizes, one of a
+  // few layouts, inputs filled with finite values, outputs poisoned.
+  void op_problem() {
+    const int c = in_.u8() % kCtxSlots;
+    if (ctx_[c] == nullptr) {
+      EXPECT(check_status(flashattn_context_create(&ctx_[c], FLASHATTN_BACKEND_CPU, 0),
+                          "context_create") == 0, "");
+      // One thread unless an input asks for more (kCtxMisc): thread start-up dominates tiny calls.
+      EXPECT(check_status(flashattn_context_set_num_threads(ctx_[c], 1), "set_num_threads") == 0, "");
+      threads_[c] = 1;
+    }
+    int64_t batch = 1 + in_.u8() % 3;
+    int64_t nq = 1 + in_.u8() % 80;
+    int64_t nk = 1 + in_.u8() % 80;
+    const int64_t hkv = 1 + in_.u8() % 3;
+    const int64_t hq = hkv * (1 + in_.u8() % 3);
+    static const int64_t kDims[] = {16, 31, 32, 33, 64, 80, 96, 128, 160, 192, 255, 256};
+    const uint8_t dsel = in_.u8();
+    const int64_t d = dsel < 128 ? 1 + dsel % 64 : kDims[dsel % 12];
+    int32_t dtype = 1 + in_.u8() % 3;
+    const uint8_t layout = in_.u8() % 6;
+    const uint32_t seed = in_.u32();
+    while (batch * hq * nq * nk * d > kMaxCompute) {
+      if (nq >= nk && nq > 1) {
+        nq = (nq + 1) / 2;
+      } else if (nk > 1) {
+        nk = (nk + 1) / 2;
+      } else {
+        batch = 1;
+        break;
+      }
+    }
+    const size_t es = elem_size(dtype);
+    flashattn_dtype_t dt;
+    store_enum(&dt, dtype);
+
+    struct Spec {
+      int64_t n, h;
+    };
+    const Spec spec[9] = {{nq, hq}, {nk, hkv}, {nk, hkv}, {nq, hq}, {0, 0},
+                          {nq, hq}, {nq, hq}, {nk, hkv}, {nk, hkv}};
+    for (int t = 0; t < 9; ++t) views_[t] = View{};
+    for (int b = 0; b < 10; ++b) destroy_buffer(b);
+
+    auto lse_view = [&](View& v, unsigned char* base, int slot) {
+      EXPECT(check_status(flashattn_tensor_lse(&v.t, base, batch, hq, nq), "tensor_lse") == 0, "");
+      v.buf = slot;
+    };
+    // Layout 5 pads every head row of the 4-d tensors: pitch > head_dim.
+    const int64_t pitch = layout == 5 ? d + 1 + seed % 8 : d;
+    auto view4 = [&](View& v, unsigned char* base, int slot, int64_t n, int64_t h) {
+      EXPECT(check_status(flashattn_tensor_4d(&v.t, base, dt, batch, n, h, d), "tensor_4d") == 0, "");
+      v.t.strides[2] = pitch;
+      v.t.strides[1] = h * pitch;
+      v.t.strides[0] = n * h * pitch;
+      v.buf = slot;
+    };
+    auto bytes4 = [&](int64_t n, int64_t h) { return static_cast<size_t>(batch * n * h * pitch) * es; };
+    const size_t lse_bytes = static_cast<size_t>(batch * hq * nq) * 4;
+
+    if (layout == 1) {  // everything in one buffer, 256-byte aligned pieces
+      size_t offsets[9];
+      size_t total = 0;
+      for (int t = 0; t < 9; ++t) {
+        offsets[t] = total;
+        const size_t n = t == 4 ? lse_bytes : bytes4(spec[t].n, spec[t].h);
+        total += (n + 255) / 256 * 256;
+      }
+      if (!create_buffer(9, c, total, false)) return;
+      for (int t = 0; t < 9; ++t) {
+        unsigned char* base = bufs_[9].data + offsets[t];
+        if (t == 4) {
+          lse_view(views_[t], base, 9);
+        } else {
+          view4(views_[t], base, 9, spec[t].n, spec[t].h);
+        }
+      }
+    } else {
+      for (int t = 0; t < 9; ++t) {
+        const size_t n = t == 4 ? lse_bytes : bytes4(spec[t].n, spec[t].h);
+        if (!create_buffer(t, c, n, false)) return;
+        if (t == 4) {
+          lse_view(views_[t], bufs_[t].data, t);
+        } else {
+          view4(views_[t], bufs_[t].data, t, spec[t].n, spec[t].h);
+        }
+      }
+      if (layout == 2 && hq == hkv && nq == nk) {  // packed QKV: [B, N, 3, H, D] in one buffer
+        if (create_buffer(9, c, 3 * bytes4(nq, hq), false)) {
+          for (int t = 0; t < 3; ++t) {
+            View& v = views_[t];
+            v.t.data = bufs_[9].data + t * hq * d * es;
+            v.buf = 9;
+            v.t.strides[0] = nq * 3 * hq * d;
+            v.t.strides[1] = 3 * hq * d;
+            v.t.strides[2] = d;
+          }
+        }
+      } else if (layout == 3) {  // [B, H, N, D] memory order for every 4-d tensor
+        for (int t = 0; t < 9; ++t) {
+          if (t == 4) continue;
+          flashattn_tensor_t& v = views_[t].t;
+          v.strides[2] = spec[t].n * d;
+          v.strides[1] = d;
+        }
+      } else if (layout == 4) {  // k and v broadcast over the batch (stride 0, inputs only)
+        views_[1].t.strides[0] = 0;
+        views_[2].t.strides[0] = 0;
+      }
+    }
+    // Inputs finite, outputs poisoned.
+    uint32_t x = seed | 1;
+    auto next = [&]() {
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      return (static_cast<float>(x % 4001) - 2000.0f) / 1000.0f;  // [-2, 2]
+    };
+    for (int t = 0; t < 9; ++t) {
+      const View& v = views_[t];
+      if (v.buf < 0) continue;
+      const bool output = t == 3 || t == 4 || t >= 6;
+      const size_t n = t == 4 ? lse_bytes : bytes4(spec[t].n, spec[t].h);
+      unsigned char* base = static_cast<unsigned char*>(v.t.data);
+      const size_t avail = bufs_[v.buf].size - static_cast<size_t>(base - bufs_[v.buf].data);
+      const size_t len = n < avail ? n : avail;
+      if (output) {
+        std::memset(base, 0xA5, len);
+        continue;
+      }
+      const size_t e = t == 4 ? 4 : es;
+      for (size_t i = 0; i + e <= len; i += e) {
+        const float f = next();
+        if (e == 4) {
+          std::memcpy(base + i, &f, 4);
+        } else {
+          const uint16_t h = dtype == FLASHATTN_DTYPE_FLOAT16 ? to_f16(f) : to_bf16(f);
+          std::memcpy(base + i, &h, 2);
+        }
+      }
+    }
+  }
+
+  // ----- options -----
+
+  void reset_options(size_t size) {
+    options_size_ = size;
+    const size_t block = size < sizeof(size_t) ? sizeof(size_t) : (size < kOptionsBlock ? size : kOptionsBlock);
+    options_.reset(block);
+    std::memset(options_.p.get(), 0, block);
+    flashattn_options_t defaults = FLASHATTN_OPTIONS_INIT;
+    std::memcpy(options_.p.get(), &defaults, block < sizeof defaults ? block : sizeof defaults);
+    std::memcpy(options_.p.get(), &size, sizeof size);
+  }
+
+  template <class T>
+  void put_option(size_t offset, T value) {
+    if (offset + sizeof(T) <= options_.n) std::memcpy(options_.p.get() + offset, &value, sizeof(T));
+  }
+
+  void op_options() {
+    const uint8_t mode = in_.u8();
+    size_t size;
+    switch (mode % 8) {
+      case 0: case 1: case 2: size = sizeof(flashattn_options_t); break;
+      case 3: case 4: size = in_.u8() % (sizeof(flashattn_options_t) + 65); break;
+      case 5: {
+        static const size_t kSizes[] = {0, 1, 7, 8, 9, 12, 16, 20, 23, 24, 25, 28, 32, 64, 88,
+                                        4095, 4096, 4097, 8192, SIZE_MAX, SIZE_MAX / 2,
+                                        size_t(1) << 32};
+        size = kSizes[in_.u8() % (sizeof(kSizes) / sizeof(kSizes[0]))];
+        break;
+      }
+      case 6: size = in_.u64(); break;
+      default: size = sizeof(flashattn_options_t); break;
+    }
+    reset_options(size);
+    const uint8_t fields = in_.u8();
+    if (fields & 1) {
+      static const float kScales[] = {0.0f, 1.0f, 0.125f, -1.0f, 1e-30f, 1e30f, 1e-45f,
+                                      std::numeric_limits<float>::max(),
+                                      -std::numeric_limits<float>::max(),
+                                      std::numeric_limits<float>::quiet_NaN(),
+                                      std::numeric_limits<float>::infinity(),
+                                      -std::numeric_limits<float>::infinity()};
+      const uint8_t sel = in_.u8();
+      float s;
+      if (sel < 240) {
+        s = kScales[sel % 12];
+      } else {
+        const uint32_t u = in_.u32();
+        std::memcpy(&s, &u, sizeof s);
+      }
+      put_option(offsetof(flashattn_options_t, softmax_scale), s);
+    }
+    static const int32_t kFlags[] = {0, 1, 0, 1, 2, -1, 5, 7, std::numeric_limits<int32_t>::min()};
+    constexpr int kNumFlags = sizeof(kFlags) / sizeof(kFlags[0]);
+    if (fields & 2) put_option(offsetof(flashattn_options_t, causal), fuzz_i32(in_, kFlags, kNumFlags));
+    if (fields & 4) {
+      put_option(offsetof(flashattn_options_t, algorithm), fuzz_i32(in_, kFlags, kNumFlags));
+    }
+    if (fields & 8) {
+      put_option(offsetof(flashattn_options_t, deterministic), fuzz_i32(in_, kFlags, kNumFlags));
+    }
+    if ((fields & 0x30) != 0 && options_.n > sizeof(flashattn_options_t)) {
+      const size_t tail = options_.n - sizeof(flashattn_options_t);
+      if ((fields & 0x30) == 0x30) {
+        std::memset(options_.p.get() + sizeof(flashattn_options_t), 0xff, tail);
+      } else {
+        const size_t at = sizeof(flashattn_options_t) + in_.u16() % tail;
+        options_.p[at] = static_cast<unsigned char>(in_.u8() | 1);
+      }
+    }
+  }
+
+  // ----- the attention calls -----
+
+  const flashattn_tensor_t* view_arg(int slot) const {
+    return slot < kViewSlots ? &views_[slot].t : nullptr;
+  }
+
+  static int64_t clamp_dim(int64_t v) { return v < 1 ? 1 : v; }
+
+  // B * Hq * Nq * D * Nk, saturating; the work a forward or backward would do if it were valid.
+  static int64_t compute_cost(const flashattn_tensor_t* q, const flashattn_tensor_t* k) {
+    if (q == nullptr || k == nullptr) return 0;
+    const int64_t f[5] = {clamp_dim(q->shape[0]), clamp_dim(q->shape[1]), clamp_dim(q->shape[2]),
+                          clamp_dim(q->shape[3]), clamp_dim(k->shape[1])};
+    int64_t acc = 1;
+    for (int64_t v : f) {
+      if (__builtin_mul_overflow(acc, v, &acc)) return kI64Max;
+    }
+    return acc;
+  }
+
+  void op_call() {
+    const uint8_t fn = in_.u8() % 4;
+    const int c = in_.u8() % (kCtxSlots + 1);
+    flashattn_context_t ctx = ctx_arg(c);
+    int slots[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    if (in_.u8() % 4 == 3) {
+      for (int& s : slots) s = in_.u8() % (kViewSlots + 1);  // kViewSlots: NULL
+    }
+    const flashattn_tensor_t* a[9];
+    for (int i = 0; i < 9; ++i) a[i] = view_arg(slots[i]);
+    const uint8_t opt_mode = in_.u8() % 4;
+    const flashattn_options_t* opts =
+        opt_mode == 0 ? nullptr : reinterpret_cast<const flashattn_options_t*>(options_.p.get());
+    static const int kBackwardFlags[] = {0, 1, 1, 0, 2, -1};
+    const int backward_flag = kBackwardFlags[in_.u8() % 6];
+
+    // Workspace: (NULL, 0), (NULL, n), an exact host block, or a range inside a buffer.
+    const uint8_t ws_mode = in_.u8() % 8;
+    HostBlock host_ws;
+    void* ws = nullptr;
+    size_t ws_size = 0;
+    if (ws_mode == 5) {
+      ws_size = 1 + in_.u16();
+    } else if (ws_mode == 6) {
+      const uint8_t sel = in_.u8() % 4;
+      size_t need = last_workspace_;
+      ws_size = sel == 0 ? need : sel == 1 ? (need > 0 ? need - 1 : 0) : sel == 2 ? need + 64 : in_.u16();
+      if (ws_size > kMaxBufferBytes) ws_size = kMaxBufferBytes;
+      host_ws.reset(ws_size);
+      ws = host_ws.p.get();
+    } else if (ws_mode == 7) {
+      int buf;
+      ws = fuzz_data(&buf);
+      if (ws == nullptr || buf < 0) {
+        ws = nullptr;
+      } else {
+        const size_t avail = bufs_[buf].size - static_cast<size_t>(static_cast<unsigned char*>(ws) - bufs_[buf].data);
+        const uint8_t sel = in_.u8() % 3;
+        ws_size = sel == 0 ? avail : sel == 1 ? avail + 1 + in_.u8() : in_.u16() % (avail + 1);
+      }
+    }
+
+    const bool compute = fn < 2;
+    const bool too_big = compute && (compute_cost(a[0], a[1]) > kMaxCompute ||
+                                     (c < kCtxSlots && threads_[c] > kMaxComputeThreads) ||
+                                     (c < kCtxSlots && threads_[c] < 0));
+    if (too_big) {  // still fuzz the validation of these views, without the work
+      check_status(flashattn_supported(ctx, a[0], a[1], a[2], opts, fn), "supported (capped)");
+      return;
+    }
+
+    // Snapshot of every buffer: a rejected call must leave all of them as they were.
+    std::vector<std::vector<unsigned char>> before;
+    const bool snapshot = compute && live_bytes() <= kMaxSnapshotBytes;
+    if (snapshot) {
+      before.resize(kBufSlots);
+      for (int b = 0; b < kBufSlots; ++b) {
+        if (bufs_[b].handle != nullptr) before[b].assign(bufs_[b].data, bufs_[b].data + bufs_[b].size);
+      }
+    }
+
+    int st;
+    switch (fn) {
+      case 0:
+        st = check_status(flashattn_forward(ctx, a[0], a[1], a[2], a[3], a[4], opts, ws, ws_size),
+                          "forward");
+        break;
+      case 1:
+        st = check_status(flashattn_backward(ctx, a[0], a[1], a[2], a[3], a[5], a[4], a[6], a[7], a[8],
+                                             opts, ws, ws_size),
+                          "backward");
+        break;
+      case 2:
+        st = check_status(flashattn_supported(ctx, a[0], a[1], a[2], opts, backward_flag), "supported");
+        break;
+      default: {
+        const size_t sentinel = 0x5eed5eed;
+        size_t out = sentinel;
+        const bool null_out = ws_mode == 4;
+        st = check_status(flashattn_workspace_size(null_out ? nullptr : &out, ctx, a[0], a[1], a[2],
+                                                   opts, backward_flag),
+                          "workspace_size");
+        if (null_out) EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace_size(NULL out)");
+        if (st == 0) {
+          last_workspace_ = out;
+        } else {
+          EXPECT(out == sentinel, "*out changed by a failed workspace_size");
+        }
+        break;
+      }
+    }
+    if (ctx == nullptr) EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL context");
+    if (snapshot && st >= 100 && st < 300) {
+      for (int b = 0; b < kBufSlots; ++b) {
+        if (bufs_[b].handle == nullptr) continue;
+        EXPECT(std::memcmp(before[b].data(), bufs_[b].data, bufs_[b].size) == 0,
+               "a rejected call (1xx/2xx) changed a buffer");
+      }
+    }
+  }
+
+  // ----- everything that needs no context -----
+
+  void op_misc() {
+    switch (in_.u8() % 8) {
+      case 0: {
+        static const int32_t kCodes[] = {0, 100, 101, 102, 103, 104, 105, 106, 107, 200, 201, 202,
+                                         300, 301, 400, 500, -1, 1, 99,
+                                         std::numeric_limits<int32_t>::min(),
+                                         std::numeric_limits<int32_t>::max()};
+        const int32_t code = fuzz_i32(in_, kCodes, sizeof(kCodes) / sizeof(kCodes[0]));
+        const char* name = fuzz_status_string(code);
+        EXPECT(name != nullptr, "status_string");
+        if (known_status(code)) {
+          EXPECT(std::strncmp(name, "FLASHATTN_", 10) == 0 &&
+                     std::strcmp(name, "FLASHATTN_UNKNOWN_STATUS") != 0,
+                 "status_string of a status");
+        } else {
+          EXPECT(std::strcmp(name, "FLASHATTN_UNKNOWN_STATUS") == 0, "status_string of a non-status");
+        }
+        break;
+      }
+      case 1: {
+        const char* msg = flashattn_last_error();
+        const size_t n = std::strlen(msg);
+        const uint8_t sel = in_.u8() % 6;
+        const size_t len = sel == 0 ? 0 : sel == 1 ? 1 : sel == 2 ? n : sel == 3 ? n + 1 : in_.u8();
+        const bool null_buf = len == 0 && (in_.u8() & 1) != 0;
+        HostBlock buf;
+        buf.reset(len);
+        std::memset(buf.p.get(), 'x', len == 0 ? 1 : len);
+        char* dst = reinterpret_cast<char*>(buf.p.get());
+        const size_t got = flashattn_last_error_r(null_buf ? nullptr : dst, len);
+        EXPECT(got == n, "last_error_r returns the full length");
+        if (len > 0) {
+          const size_t copied = n < len - 1 ? n : len - 1;
+          EXPECT(buf.p[copied] == '\0', "last_error_r NUL-terminates");
+          EXPECT(std::memcmp(buf.p.get(), msg, copied) == 0, "last_error_r copies the message");
+        } else {
+          EXPECT(buf.p[0] == 'x', "last_error_r(len 0) writes nothing");
+        }
+        EXPECT(std::strlen(flashattn_last_error()) == n, "last_error_r changed the error state");
+        break;
+      }
+      case 2:
+        EXPECT(flashattn_last_error_r(nullptr, in_.u8()) == std::strlen(flashattn_last_error()),
+               "last_error_r(NULL, n)");
+        break;
+      case 3:
+        EXPECT(flashattn_version_number() / 10000 == FLASHATTN_VERSION_MAJOR, "version");
+        EXPECT(flashattn_version_string() != nullptr, "version string");
+        EXPECT(flashattn_has_cuda() == 0 || flashattn_has_cuda() == 1, "has_cuda");
+        break;
+      case 4: {
+        int n = -7;
+        const bool null_out = in_.u8() & 1;
+        const int st = check_status(flashattn_cuda_device_count(null_out ? nullptr : &n), "cuda_device_count");
+        EXPECT(null_out ? st == FLASHATTN_ERROR_INVALID_ARGUMENT && n == -7 : st == 0 && n >= 0,
+               "cuda_device_count");
+        if (!flashattn_has_cuda() && !null_out) EXPECT(n == 0, "no CUDA, no devices");
+        break;
+      }
+      case 5: {
+        flashattn_options_t o;
+        std::memset(&o, 0x5a, sizeof o);
+        const bool null_out = in_.u8() & 1;
+        const int st = check_status(flashattn_options_init(null_out ? nullptr : &o), "options_init");
+        if (null_out) {
+          EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "options_init(NULL)");
+        } else {
+          const flashattn_options_t init = FLASHATTN_OPTIONS_INIT;
+          EXPECT(st == 0 && o.size == init.size && o.softmax_scale == init.softmax_scale &&
+                     o.causal == init.causal && o.algorithm == init.algorithm &&
+                     o.deterministic == init.deterministic,
+                 "options_init gives the INIT values");
+        }
+        break;
+      }
+      default: {  // tensor_4d / tensor_lse with any sizes into a view slot
+        const bool lse = in_.u8() & 1;
+        View& v = views_[in_.u8() % kViewSlots];
+        const bool null_out = in_.u8() % 16 == 0;
+        int64_t s[4];
+        for (int64_t& x : s) x = fuzz_i64(in_);
+        const int32_t dtype = fuzz_dtype();
+        int buf;
+        void* data = fuzz_data(&buf);
+        View next = v;
+        const int st =
+            lse ? check_status(flashattn_tensor_lse(null_out ? nullptr : &next.t, data, s[0], s[1], s[2]),
+                               "tensor_lse")
+                : check_status(fuzz_tensor_4d(null_out ? nullptr : &next.t, data, dtype, s[0], s[1],
+                                              s[2], s[3]),
+                               "tensor_4d");
+        // Valid exactly when every size is >= 1 and the element count fits int64.
+        bool ok = !null_out;
+        __int128 count = 1;
+        for (int i = 0; i < (lse ? 3 : 4); ++i) {
+          if (s[i] < 1) ok = false;
+          count *= s[i] < 1 ? 1 : s[i];
+          if (count > static_cast<__int128>(kI64Max)) {
+            ok = false;
+            count = 1;
+          }
+        }
+        EXPECT((st == 0) == ok, "tensor_4d/tensor_lse accept exactly positive sizes with a 64-bit count");
+        if (st == 0) {
+          EXPECT(next.t.data == data && next.t.rank == (lse ? 3 : 4), "view fields");
+          next.buf = buf;
+          v = next;
+        } else {
+          EXPECT(std::memcmp(&next.t, &v.t, sizeof v.t) == 0, "*out changed by a failed tensor_*");
+        }
+        break;
+      }
+    }
+  }
+
+  Input& in_;
+  flashattn_context_t ctx_[kCtxSlots] = {};
+  int threads_[kCtxSlots] = {};
+  Buffer bufs_[kBufSlots];
+  View views_[kViewSlots];
+  HostBlock options_;
+  size_t options_size_ = 0;
+  size_t last_workspace_ = 0;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Input in(data, size);
+  Harness h(in);
+  h.run();
+  return 0;
+}
