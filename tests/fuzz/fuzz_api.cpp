@@ -5,7 +5,9 @@
 // views and an options block, and checks the contract after every call: the status is a defined
 // code and never INTERNAL; the last-error message is empty exactly on success; a rejected call
 // (1xx, 2xx) left every buffer and every `*out` untouched; buffer copies move the right bytes;
-// absurd allocations fail with OUT_OF_MEMORY. A violated invariant aborts, which libFuzzer
+// absurd allocations fail with OUT_OF_MEMORY. On an untouched consistent problem (op_problem)
+// valid calls must succeed, finite inputs give no NaN, and a deterministic backward repeats bit
+// for bit. A violated invariant aborts, which libFuzzer
 // reports like a crash. Every context and buffer is destroyed at the end of an input, so
 // LeakSanitizer reports any leak of the library's.
 //
@@ -226,6 +228,18 @@ uint16_t to_f16(float f) {  // |f| < 65504, normal or zero
 
 size_t elem_size(int dtype) { return dtype == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2; }
 
+bool is_nan(const unsigned char* p, int dtype) {
+  if (dtype == FLASHATTN_DTYPE_FLOAT32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return std::isnan(f);
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (dtype == FLASHATTN_DTYPE_FLOAT16) return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+  return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The harness state for one input.
 
@@ -251,7 +265,10 @@ struct HostBlock {  // an exact-size host allocation, so ASan sees any overrun
 
 class Harness {
  public:
-  explicit Harness(Input& in) : in_(in) { reset_options(sizeof(flashattn_options_t)); }
+  explicit Harness(Input& in) : in_(in) {
+    reset_options(sizeof(flashattn_options_t));
+    classify_options();
+  }
 
   ~Harness() {
     for (int b = 0; b < kBufSlots; ++b) destroy_buffer(b);
@@ -282,7 +299,12 @@ class Harness {
   };
 
   void step() {
-    switch (in_.u8() % kNumOps) {
+    const int op = in_.u8() % kNumOps;
+    // What may change a view, a buffer's bytes or which buffers exist ends the consistent problem.
+    if (op == kBufCreate || op == kBufDestroy || op == kBufWrite || op == kViewMake || op == kViewTweak) {
+      pristine_ = false;
+    }
+    switch (op) {
       case kCtxCreate: op_ctx_create(); break;
       case kCtxDestroy: destroy_context(in_.u8() % (kCtxSlots + 1)); break;
       case kCtxMisc: op_ctx_misc(); break;
@@ -711,6 +733,8 @@ class Harness {
   // A consistent problem in view slots 0..8 (q k v out lse dout dq dk dv): small sizes, one of a
   // few layouts, inputs filled with finite values, outputs poisoned.
   void op_problem() {
+    pristine_ = false;
+    lse_from_forward_ = false;
     const int c = in_.u8() % kCtxSlots;
     if (ctx_[c] == nullptr) {
       EXPECT(check_status(flashattn_context_create(&ctx_[c], FLASHATTN_BACKEND_CPU, 0),
@@ -849,6 +873,7 @@ class Harness {
         }
       }
     }
+    pristine_ = true;
   }
 
   // ----- options -----
@@ -866,6 +891,30 @@ class Harness {
   template <class T>
   void put_option(size_t offset, T value) {
     if (offset + sizeof(T) <= options_.n) std::memcpy(options_.p.get() + offset, &value, sizeof(T));
+  }
+
+  // What the library must make of the options block, where the harness can tell: sizes that cut
+  // a field in two are left unjudged.
+  void classify_options() {
+    ++options_gen_;
+    const size_t size = options_size_;
+    options_known_ = size >= 8 && size <= 4096 &&
+                     (size == 8 || size == 12 || size == 16 || size == 20 || size >= 24);
+    if (!options_known_) return;
+    bool valid = true;
+    for (size_t i = sizeof(flashattn_options_t); i < options_.n; ++i) valid = valid && options_.p[i] == 0;
+    float scale = 0.0f;
+    int32_t causal = 0, algorithm = 0, deterministic = 0;
+    const unsigned char* o = options_.p.get();
+    if (size >= 12) std::memcpy(&scale, o + offsetof(flashattn_options_t, softmax_scale), 4);
+    if (size >= 16) std::memcpy(&causal, o + offsetof(flashattn_options_t, causal), 4);
+    if (size >= 20) std::memcpy(&algorithm, o + offsetof(flashattn_options_t, algorithm), 4);
+    if (size >= 24) std::memcpy(&deterministic, o + offsetof(flashattn_options_t, deterministic), 4);
+    valid = valid && std::isfinite(scale) && (causal == 0 || causal == 1) &&
+            (algorithm == 0 || algorithm == 1) && (deterministic == 0 || deterministic == 1);
+    options_valid_ = valid;
+    options_scale_ = scale;
+    options_deterministic_ = deterministic == 1;
   }
 
   void op_options() {
@@ -921,6 +970,7 @@ class Harness {
         options_.p[at] = static_cast<unsigned char>(in_.u8() | 1);
       }
     }
+    classify_options();
   }
 
   // ----- the attention calls -----
@@ -930,6 +980,28 @@ class Harness {
   }
 
   static int64_t clamp_dim(int64_t v) { return v < 1 ? 1 : v; }
+
+  // Any NaN among a validated view's elements (rank 4, or the rank-3 LSE).
+  static bool view_has_nan(const View& v, bool lse) {
+    const flashattn_tensor_t& t = v.t;
+    int32_t dtype;
+    std::memcpy(&dtype, &t.dtype, sizeof dtype);
+    const size_t es = elem_size(dtype);
+    const int64_t n3 = lse ? 1 : t.shape[3];
+    const unsigned char* base = static_cast<const unsigned char*>(t.data);
+    for (int64_t i0 = 0; i0 < t.shape[0]; ++i0) {
+      for (int64_t i1 = 0; i1 < t.shape[1]; ++i1) {
+        for (int64_t i2 = 0; i2 < t.shape[2]; ++i2) {
+          for (int64_t i3 = 0; i3 < n3; ++i3) {
+            const int64_t off = i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] +
+                                (lse ? 0 : i3 * t.strides[3]);
+            if (is_nan(base + off * static_cast<int64_t>(es), dtype)) return true;
+          }
+        }
+      }
+    }
+    return false;
+  }
 
   // B * Hq * Nq * D * Nk, saturating; the work a forward or backward would do if it were valid.
   static int64_t compute_cost(const flashattn_tensor_t* q, const flashattn_tensor_t* k) {
@@ -948,7 +1020,8 @@ class Harness {
     const int c = in_.u8() % (kCtxSlots + 1);
     flashattn_context_t ctx = ctx_arg(c);
     int slots[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
-    if (in_.u8() % 4 == 3) {
+    const bool canonical = in_.u8() % 4 != 3;
+    if (!canonical) {
       for (int& s : slots) s = in_.u8() % (kViewSlots + 1);  // kViewSlots: NULL
     }
     const flashattn_tensor_t* a[9];
@@ -986,11 +1059,20 @@ class Harness {
     }
 
     const bool compute = fn < 2;
+    // The untouched consistent problem, valid options, a context, the default workspace (and an
+    // out pointer for workspace_size): the call is valid and must succeed.
+    const bool null_opts = opts == nullptr;
+    const bool expect_success = pristine_ && canonical && ctx != nullptr &&
+                                (null_opts || (options_known_ && options_valid_)) &&
+                                (compute ? ws_mode <= 4 : !(fn == 3 && ws_mode == 4));
+    const float scale = null_opts ? 0.0f : options_scale_;
+    const bool check_nan = expect_success && std::fabs(scale) <= 1.0f;  // inputs lie in [-2, 2]
     const bool too_big = compute && (compute_cost(a[0], a[1]) > kMaxCompute ||
                                      (c < kCtxSlots && threads_[c] > kMaxComputeThreads) ||
                                      (c < kCtxSlots && threads_[c] < 0));
     if (too_big) {  // still fuzz the validation of these views, without the work
-      check_status(flashattn_supported(ctx, a[0], a[1], a[2], opts, fn), "supported (capped)");
+      const int st = check_status(flashattn_supported(ctx, a[0], a[1], a[2], opts, fn), "supported (capped)");
+      if (expect_success) EXPECT(st == 0, "supported() of a valid problem");
       return;
     }
 
@@ -1035,6 +1117,37 @@ class Harness {
       }
     }
     if (ctx == nullptr) EXPECT(st == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL context");
+    if (expect_success) EXPECT(st == 0, "a valid call on a consistent problem must succeed");
+    if (st == 0 && fn == 0 && expect_success) {
+      if (check_nan) {
+        EXPECT(!view_has_nan(views_[3], false), "forward: NaN in out from finite inputs");
+        EXPECT(!view_has_nan(views_[4], true), "forward: NaN in lse from finite inputs");
+      }
+      lse_from_forward_ = true;
+      forward_options_gen_ = options_gen_;
+      forward_null_opts_ = null_opts;
+    }
+    if (st == 0 && fn == 1 && expect_success) {
+      if (check_nan && lse_from_forward_ && forward_options_gen_ == options_gen_ &&
+          forward_null_opts_ == null_opts) {
+        for (int t : {6, 7, 8}) EXPECT(!view_has_nan(views_[t], false), "backward: NaN in a gradient");
+      }
+      if (!null_opts && options_deterministic_) {  // bit-identical run after run
+        std::vector<std::vector<unsigned char>> first(kBufSlots);
+        for (int b = 0; b < kBufSlots; ++b) {
+          if (bufs_[b].handle != nullptr) first[b].assign(bufs_[b].data, bufs_[b].data + bufs_[b].size);
+        }
+        const int again = check_status(flashattn_backward(ctx, a[0], a[1], a[2], a[3], a[5], a[4], a[6],
+                                                          a[7], a[8], opts, ws, ws_size),
+                                       "backward (again)");
+        EXPECT(again == 0, "a repeated valid backward");
+        for (int b = 0; b < kBufSlots; ++b) {
+          if (bufs_[b].handle == nullptr) continue;
+          EXPECT(std::memcmp(first[b].data(), bufs_[b].data, bufs_[b].size) == 0,
+                 "deterministic backward differs between two runs");
+        }
+      }
+    }
     if (snapshot && st >= 100 && st < 300) {
       for (int b = 0; b < kBufSlots; ++b) {
         if (bufs_[b].handle == nullptr) continue;
@@ -1122,6 +1235,7 @@ class Harness {
         break;
       }
       default: {  // tensor_4d / tensor_lse with any sizes into a view slot
+        pristine_ = false;
         const bool lse = in_.u8() & 1;
         View& v = views_[in_.u8() % kViewSlots];
         const bool null_out = in_.u8() % 16 == 0;
@@ -1169,6 +1283,16 @@ class Harness {
   HostBlock options_;
   size_t options_size_ = 0;
   size_t last_workspace_ = 0;
+  // Oracle state: the consistent problem of op_problem untouched since; what the options are.
+  bool pristine_ = false;
+  bool lse_from_forward_ = false;
+  unsigned forward_options_gen_ = 0;
+  bool forward_null_opts_ = false;
+  unsigned options_gen_ = 0;
+  bool options_known_ = false;
+  bool options_valid_ = false;
+  float options_scale_ = 0.0f;
+  bool options_deterministic_ = false;
 };
 
 }  // namespace
