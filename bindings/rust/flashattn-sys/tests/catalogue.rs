@@ -1,0 +1,318 @@
+//! Every case of the bad-input catalogue (tests/catalogue/bad_inputs.tsv, format in
+//! tests/catalogue/FORMAT.md) through the raw bindings: the call returns the expected status with
+//! a last-error message holding the expected fragment, no buffer changes (outputs are poisoned
+//! beforehand) and workspace_size leaves its output alone. FLASHATTN_CATALOGUE names another file.
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::path::PathBuf;
+use std::ptr;
+
+use flashattn_sys::*;
+
+const B: usize = 2;
+const NQ: usize = 64;
+const NK: usize = 48;
+const HQ: usize = 4;
+const HKV: usize = 2;
+const D: usize = 32;
+const POISON: u8 = 0xA5;
+const OPTIONS_BLOCK: usize = 4096;
+const SIZE_SENTINEL: usize = 0xDEAD_BEEF_CAFE_F00D;
+const NAMES: [&str; 9] = ["q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"];
+
+fn shape(name: &str) -> Vec<usize> {
+    match name {
+        "k" | "v" | "dk" | "dv" => vec![B, NK, HKV, D],
+        "lse" => vec![B, HQ, NQ],
+        _ => vec![B, NQ, HQ, D],
+    }
+}
+
+fn outputs(op: &str) -> &'static [&'static str] {
+    match op {
+        "forward" => &["out", "lse"],
+        "backward" => &["dq", "dk", "dv"],
+        _ => &[],
+    }
+}
+
+struct Case {
+    line: usize,
+    id: String,
+    op: String,
+    mutations: String,
+    status: String,
+    fragment: String,
+}
+
+fn load() -> Vec<Case> {
+    let path = std::env::var_os("FLASHATTN_CATALOGUE")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../tests/catalogue/bad_inputs.tsv"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("the catalogue {}: {e}", path.display()));
+    let mut cases = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 5, "{}:{}: 5 tab-separated fields expected", path.display(), n + 1);
+        assert!(["forward", "backward", "supported", "workspace_size"].contains(&f[1]), "{}:{}: unknown op {}", path.display(), n + 1, f[1]);
+        cases.push(Case { line: n + 1, id: f[0].into(), op: f[1].into(), mutations: f[2].into(), status: f[3].into(), fragment: f[4].into() });
+    }
+    assert!(!cases.is_empty(), "{}: no cases", path.display());
+    cases
+}
+
+fn check(status: flashattn_status_t, what: &str) {
+    if status != flashattn_status_FLASHATTN_SUCCESS {
+        // SAFETY: never NULL.
+        panic!("{what}: {}", unsafe { CStr::from_ptr(flashattn_last_error()) }.to_string_lossy());
+    }
+}
+
+/// The baseline call of the format, built through the raw bindings.
+struct Call {
+    op: String,
+    ctx: flashattn_context_t,
+    call_ctx: flashattn_context_t,
+    buffers: HashMap<&'static str, flashattn_buffer_t>,
+    contents: HashMap<&'static str, Vec<u8>>,
+    views: HashMap<&'static str, Box<flashattn_tensor_t>>,
+    passed: HashMap<&'static str, bool>,
+    block: Vec<u64>, // zero-filled storage the options sit at the start of
+    options_sizeof: usize,
+    pass_options: bool,
+    workspace: Vec<u8>,
+    workspace_ptr: *mut std::os::raw::c_void,
+    workspace_size: usize,
+    backward: i32,
+}
+
+impl Call {
+    fn new(op: &str) -> Call {
+        let mut ctx = ptr::null_mut();
+        // SAFETY (all calls below): valid out pointers, live handles, buffers of the sizes given.
+        check(unsafe { flashattn_context_create(&mut ctx, flashattn_backend_FLASHATTN_BACKEND_CPU, 0) }, "context");
+        let mut c = Call {
+            op: op.into(), ctx, call_ctx: ctx, buffers: HashMap::new(), contents: HashMap::new(), views: HashMap::new(),
+            passed: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
+            workspace: Vec::new(), workspace_ptr: ptr::null_mut(), workspace_size: 0, backward: 0,
+        };
+        for name in NAMES {
+            let s = shape(name);
+            let bytes = 4 * s.iter().product::<usize>();
+            let mut buf = ptr::null_mut();
+            check(unsafe { flashattn_buffer_create(&mut buf, ctx, bytes) }, "buffer");
+            c.buffers.insert(name, buf);
+            let data: Vec<u8> = if outputs(op).contains(&name) {
+                vec![POISON; bytes]
+            } else {
+                std::iter::repeat(0.5f32.to_ne_bytes()).take(bytes / 4).flatten().collect()
+            };
+            check(unsafe { flashattn_buffer_write(buf, 0, data.as_ptr().cast(), bytes) }, "write");
+            c.contents.insert(name, data);
+            let mut address = ptr::null_mut();
+            check(unsafe { flashattn_buffer_data(&mut address, buf) }, "data");
+            let mut view = Box::new(unsafe { std::mem::zeroed::<flashattn_tensor_t>() });
+            let (a, b2, c2) = (s[0] as i64, s[1] as i64, s[2] as i64);
+            if name == "lse" {
+                check(unsafe { flashattn_tensor_lse(&mut *view, address, a, b2, c2) }, "tensor_lse");
+            } else {
+                check(unsafe { flashattn_tensor_4d(&mut *view, address, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, a, b2, c2, s[3] as i64) }, "tensor_4d");
+            }
+            c.views.insert(name, view);
+            c.passed.insert(name, true);
+        }
+        check(unsafe { flashattn_options_init(c.options()) }, "options_init");
+        c.options_sizeof = unsafe { (*c.options()).size };
+        c
+    }
+
+    fn options(&mut self) -> *mut flashattn_options_t {
+        self.block.as_mut_ptr().cast()
+    }
+
+    fn view(&mut self, name: &str) -> Result<&mut flashattn_tensor_t, String> {
+        self.views.get_mut(name).map(|b| &mut **b).ok_or_else(|| format!("unknown tensor {name:?}"))
+    }
+
+    fn mutate(&mut self, m: &str) -> Result<(), String> {
+        let (key, value) = m.split_once('=').ok_or_else(|| format!("mutation {m:?} has no '='"))?;
+        let int = |v: &str| v.parse::<i64>().map_err(|e| format!("{m}: {e}"));
+        let int32 = |v: &str| int(v).and_then(|x| i32::try_from(x).map_err(|_| format!("{m}: does not fit the 32-bit field")));
+        match (key, value) {
+            ("ctx", "null") => self.call_ctx = ptr::null_mut(),
+            ("options", "null") => self.pass_options = false,
+            ("workspace", n) => {
+                let n = int(n)? as usize;
+                self.workspace = vec![0; n.max(1)];
+                self.workspace_ptr = self.workspace.as_mut_ptr().cast();
+                self.workspace_size = n;
+            }
+            ("workspace_size", n) => self.workspace_size = int(n)? as usize,
+            ("backward", n) => self.backward = int32(n)?,
+            (name, "null") if self.views.contains_key(name) => {
+                self.passed.insert(NAMES.iter().find(|&&n| n == name).unwrap(), false);
+            }
+            _ if key.starts_with("options.") => {
+                let o = self.options();
+                // SAFETY: o points at the start of the block, which holds a whole options struct.
+                let o = unsafe { &mut *o };
+                match &key["options.".len()..] {
+                    "size" => o.size = int(value)? as usize, // two's complement: -1 is SIZE_MAX
+                    "softmax_scale" => {
+                        o.softmax_scale = match value {
+                            "nan" => f32::NAN,
+                            "inf" => f32::INFINITY,
+                            "-inf" => f32::NEG_INFINITY,
+                            v => v.parse().map_err(|e| format!("{m}: {e}"))?,
+                        }
+                    }
+                    "causal" => o.causal = int32(value)?,
+                    "algorithm" => o.algorithm = int32(value)? as u32,
+                    "deterministic" => o.deterministic = int32(value)?,
+                    "tail" => {
+                        let byte: u8 = value.parse().map_err(|e| format!("{m}: {e}"))?;
+                        let end = o.size.min(OPTIONS_BLOCK);
+                        let start = self.options_sizeof;
+                        // SAFETY: the block is OPTIONS_BLOCK bytes.
+                        let raw = unsafe { std::slice::from_raw_parts_mut(self.block.as_mut_ptr().cast::<u8>(), OPTIONS_BLOCK) };
+                        for b in raw.iter_mut().take(end).skip(start) {
+                            *b = byte;
+                        }
+                    }
+                    f => return Err(format!("unknown options field {f:?}")),
+                }
+            }
+            _ => {
+                let (name, field) = key.split_once('.').ok_or_else(|| format!("unknown mutation {m:?}"))?;
+                if field == "data" {
+                    let alias = match value.strip_prefix("alias:") {
+                        Some(u) => Some(self.view(u)?.data),
+                        None => None,
+                    };
+                    let t = self.view(name)?;
+                    t.data = match (value, alias) {
+                        ("null", _) => ptr::null_mut(),
+                        ("misalign", _) => t.data.cast::<u8>().wrapping_add(1).cast(),
+                        (_, Some(a)) => a,
+                        _ => return Err(format!("unknown data mutation {value:?}")),
+                    };
+                    return Ok(());
+                }
+                let t = self.view(name)?;
+                match field {
+                    "dtype" => t.dtype = int32(value)? as u32,
+                    "rank" => t.rank = int32(value)?,
+                    _ => {
+                        let (attr, index) = field.strip_suffix(']').and_then(|f| f.split_once('[')).ok_or_else(|| format!("unknown mutation {m:?}"))?;
+                        let i: usize = index.parse().map_err(|e| format!("{m}: {e}"))?;
+                        let slot = match attr {
+                            "shape" => t.shape.get_mut(i),
+                            "strides" => t.strides.get_mut(i),
+                            _ => None,
+                        };
+                        *slot.ok_or_else(|| format!("unknown mutation {m:?}"))? = int(value)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn arg(&self, name: &str) -> *const flashattn_tensor_t {
+        if self.passed[name] {
+            &*self.views[name]
+        } else {
+            ptr::null()
+        }
+    }
+
+    /// The status, and whether workspace_size left its output alone.
+    fn run(&mut self) -> (flashattn_status_t, bool) {
+        let opts: *const flashattn_options_t = if self.pass_options { self.options() } else { ptr::null() };
+        let (q, k, v) = (self.arg("q"), self.arg("k"), self.arg("v"));
+        // SAFETY: every pointer is NULL or points at a live view, options block or buffer; the
+        // catalogue's cases are exactly what the library must reject without touching memory.
+        unsafe {
+            match self.op.as_str() {
+                "forward" => (flashattn_forward(self.call_ctx, q, k, v, self.arg("out"), self.arg("lse"), opts, self.workspace_ptr, self.workspace_size), true),
+                "backward" => (
+                    flashattn_backward(
+                        self.call_ctx, q, k, v, self.arg("out"), self.arg("dout"), self.arg("lse"),
+                        self.arg("dq"), self.arg("dk"), self.arg("dv"), opts, self.workspace_ptr, self.workspace_size,
+                    ),
+                    true,
+                ),
+                "supported" => (flashattn_supported(self.call_ctx, q, k, v, opts, self.backward), true),
+                _ => {
+                    let mut size = SIZE_SENTINEL;
+                    let status = flashattn_workspace_size(&mut size, self.call_ctx, q, k, v, opts, self.backward);
+                    (status, size == SIZE_SENTINEL)
+                }
+            }
+        }
+    }
+
+    fn changed_buffers(&self) -> Vec<&'static str> {
+        NAMES
+            .iter()
+            .filter(|&&name| {
+                let mut now = vec![0u8; self.contents[name].len()];
+                check(unsafe { flashattn_buffer_read(self.buffers[name], 0, now.as_mut_ptr().cast(), now.len()) }, "read");
+                now != self.contents[name]
+            })
+            .copied()
+            .collect()
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        for &buf in self.buffers.values() {
+            unsafe { flashattn_buffer_destroy(buf) };
+        }
+        unsafe { flashattn_context_destroy(self.ctx) };
+    }
+}
+
+#[test]
+fn catalogue() {
+    let statuses: HashMap<String, flashattn_status_t> = (0..1000)
+        .map(|code| (unsafe { CStr::from_ptr(flashattn_status_string(code)) }.to_string_lossy().into_owned(), code))
+        .filter(|(name, _)| name != "FLASHATTN_UNKNOWN_STATUS")
+        .collect();
+    let cases = load();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let want = *statuses.get(&case.status).unwrap_or_else(|| panic!("line {}: unknown status {}", case.line, case.status));
+        let mut call = Call::new(&case.op);
+        if case.mutations != "-" {
+            for m in case.mutations.split(';') {
+                call.mutate(m).unwrap_or_else(|e| panic!("line {}: {e}", case.line));
+            }
+        }
+        let (status, kept) = call.run();
+        // Read right after the call, on this thread.
+        let message = unsafe { CStr::from_ptr(flashattn_last_error()) }.to_string_lossy().into_owned();
+        let mut problems = Vec::new();
+        if status != want || !message.contains(&case.fragment) {
+            problems.push(format!("want {} with {:?}, got {} {:?}", case.status, case.fragment, status, message));
+        }
+        if !kept {
+            problems.push("wrote workspace_size's out".into());
+        }
+        let changed = call.changed_buffers();
+        if !changed.is_empty() {
+            problems.push(format!("wrote {changed:?}"));
+        }
+        if !problems.is_empty() {
+            failures.push(format!("line {} ({}): {}", case.line, case.id, problems.join("; ")));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    eprintln!("{} catalogue cases passed", cases.len());
+}
