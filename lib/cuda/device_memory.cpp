@@ -16,23 +16,51 @@ namespace {
 
 double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
-// cuMemGetAddressRange from the driver the runtime already opened (no -lcuda link). nullptr
-// when the driver does not offer it: the range check is then skipped, never guessed.
-PFN_cuMemGetAddressRange_v3020 address_range_fn() {
+// Driver functions the pointer checks use, from the driver the runtime already opened (no
+// -lcuda link). A null one means the driver does not offer it: that check is skipped, never
+// guessed.
+struct DriverFns {
+  PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
+  PFN_cuMemRetainAllocationHandle_v11000 retain_handle = nullptr;
+  PFN_cuMemRelease_v10020 release_handle = nullptr;
+};
+
+template <class F>
+void entry_point(const char* name, unsigned version, F* out) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &found) ==
+          cudaSuccess &&
+      found == cudaDriverEntryPointSuccess) {
+    *out = reinterpret_cast<F>(p);
+  } else {
+    (void)cudaGetLastError();
+  }
+}
+
+const DriverFns& driver() {
   static std::once_flag once;
-  static PFN_cuMemGetAddressRange_v3020 fn = nullptr;
+  static DriverFns fns;
   std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(p);
-    } else {
-      (void)cudaGetLastError();
-    }
+    entry_point("cuMemGetAddressRange", 12000, &fns.address_range);
+    entry_point("cuMemRetainAllocationHandle", 12000, &fns.retain_handle);
+    entry_point("cuMemRelease", 12000, &fns.release_handle);
   });
-  return fn;
+  return fns;
+}
+
+// True for memory mapped through the virtual memory management API (cuMemCreate + cuMemMap:
+// PyTorch's expandable segments, for one). There one tensor may span several mappings that
+// lie back to back, each its own "allocation" to cuMemGetAddressRange.
+bool is_vmm_mapping(const DriverFns& d, CUdeviceptr p) {
+  if (d.retain_handle == nullptr || d.release_handle == nullptr) return false;
+  CUmemGenericAllocationHandle handle = 0;
+  if (d.retain_handle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(p))) !=
+      CUDA_SUCCESS) {
+    return false;
+  }
+  d.release_handle(handle);
+  return true;
 }
 
 }  // namespace
@@ -110,13 +138,28 @@ void check_device_pointer(const void* ptr, size_t bytes, const char* name, int d
     case cudaMemoryTypeManaged:
       break;  // migrates to whichever device touches it
   }
-  PFN_cuMemGetAddressRange_v3020 range = address_range_fn();
-  if (range == nullptr) return;
+  const DriverFns& d = driver();
+  if (d.address_range == nullptr) return;
   CUdeviceptr base = 0;
   size_t size = 0;
   const CUdeviceptr p = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
-  if (range(&base, &size, p) != CUDA_SUCCESS || p < base || p - base > size) return;
-  const size_t remain = size - static_cast<size_t>(p - base);
+  if (d.address_range(&base, &size, p) != CUDA_SUCCESS || p < base || p - base > size) return;
+  size_t remain = size - static_cast<size_t>(p - base);
+  if (bytes > remain && is_vmm_mapping(d, p)) {
+    // Follow back-to-back mappings of the same kind; a plain cudaMalloc allocation ends where
+    // it ends, even when the next one happens to start right after it.
+    CUdeviceptr next = base + size;
+    while (remain < bytes) {
+      CUdeviceptr b = 0;
+      size_t s = 0;
+      if (d.address_range(&b, &s, next) != CUDA_SUCCESS || b != next || s == 0 ||
+          !is_vmm_mapping(d, next)) {
+        break;
+      }
+      remain += s;
+      next = b + s;
+    }
+  }
   if (bytes > remain) {
     fail(FLASHATTN_ERROR_INVALID_MEMORY,
          "%s: the view spans %zu bytes but only %zu remain in its allocation (of %zu bytes)", name,

@@ -157,14 +157,24 @@ TEST_CASE("memory: host pointers, pinned memory and views past an allocation are
   CHECK(contains(flashattn_last_error(), "out: is pinned host memory"));
   cudaFreeHost(pinned);
 
-  // k's view runs 64 bytes past the end of its cudaMalloc allocation.
-  DeviceMemory short_k(s.in.k.storage_bytes() - 64);
-  GPU_CUDA_OK(cudaMemcpy(short_k.get(), s.in.k.storage_data(), short_k.size(),
-                         cudaMemcpyHostToDevice));
-  flashattn_tensor_t sk = s.in.k.view_at(short_k.get());
-  CHECK(flashattn_forward(c.ctx, &s.q, &sk, &s.v, &s.o, &s.l, &opts, nullptr, 0) ==
-        FLASHATTN_ERROR_INVALID_MEMORY);
-  CHECK(contains(flashattn_last_error(), "remain in its allocation"));
+  // k's view runs past the end of its cudaMalloc allocation, by more than any allocation
+  // granularity could hide (2 MiB).
+  {
+    const int64_t n = 2048, h = 8, d = 128;  // 4 MiB in bf16
+    const size_t full = size_t(n) * h * d * 2;
+    DeviceMemory whole(full), shorter(full - (size_t(2) << 20) - 4096), out(full);
+    GPU_CUDA_OK(cudaMemset(whole.get(), 0, full));
+    GPU_CUDA_OK(cudaMemset(shorter.get(), 0, shorter.size()));
+    flashattn_tensor_t x{}, sk{}, o{};
+    GPU_FA_OK(flashattn_tensor_4d(&x, whole.get(), BF16, 1, n, h, d));
+    GPU_FA_OK(flashattn_tensor_4d(&sk, shorter.get(), BF16, 1, n, h, d));
+    GPU_FA_OK(flashattn_tensor_4d(&o, out.get(), BF16, 1, n, h, d));
+    CHECK(flashattn_forward(c.ctx, &x, &sk, &x, &o, nullptr, &opts, nullptr, 0) ==
+          FLASHATTN_ERROR_INVALID_MEMORY);
+    CHECK(contains(flashattn_last_error(), "k: the view spans"));
+    CHECK(contains(flashattn_last_error(), "remain in its allocation"));
+    GPU_FA_OK(flashattn_forward(c.ctx, &x, &x, &x, &o, nullptr, &opts, nullptr, 0));
+  }
 
   // A view inside a flashattn buffer too small for it (the buffer registry's check).
   flashattn_buffer_t buf = nullptr;

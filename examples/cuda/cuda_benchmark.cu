@@ -1,0 +1,543 @@
+// CUDA benchmark: the flash algorithm beside the standard one (S and P materialized through
+// cuBLAS), forward, backward and forward+backward, through the public API only.
+//
+// Shapes: the FlashAttention papers' sweep (16k tokens in total: batch = 16384 / seqlen;
+// hidden 2048: heads = 2048 / head_dim; head dims 64, 128, 256; seqlen 512 .. 16k; causal and
+// not), then the FlashAttention paper's GPT-2 medium shape (batch 64, 16 heads, seqlen 1024,
+// head dim 64, fp16), causal and not.
+//
+// Per shape and algorithm it prints the median time of --reps runs (CUDA events on the
+// context's stream, after --warmup runs), TFLOP/s (forward 4*B*H*Nq*Nk*D, halved for causal;
+// backward 2.5x; forward+backward 3.5x), the workspace the library asked for, the device memory
+// the step needs (tensors + workspace), the scratch the context was measured to allocate
+// (cudaMemGetInfo before and after; allocation granularity applies), and max |flash - standard|
+// of the forward output. Inputs are random normal, generated on the device.
+//
+//   cuda_benchmark [--fwd] [--bwd] [--fwdbwd]     modes (default: all three)
+//                  [--algo flash|standard|both]   (default both)
+//                  [--dtype bf16|fp16]            the sweep's dtype (default bf16)
+//                  [--dims 64,128,256] [--seqlens 512,1024,...] [--causal no|yes|both]
+//                  [--quick]                      seqlens 1k, 4k, 16k; dims 64, 128
+//                  [--no-sweep] [--no-gpt2] [--reps N] [--warmup N] [--device N]
+//                  [--csv PATH]                   also write one CSV row per measurement
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <flashattn/flashattn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kGB = 1e9;
+
+struct Config {
+  bool fwd = false, bwd = false, fwdbwd = false;
+  bool flash = true, standard = true;
+  flashattn_dtype_t dtype = FLASHATTN_DTYPE_BFLOAT16;
+  std::vector<int64_t> dims = {64, 128, 256};
+  std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> causal = {0, 1};
+  bool sweep = true, gpt2 = true;
+  int reps = 10, warmup = 3, device = 0;
+  std::string csv;
+};
+
+struct Shape {
+  std::string label;
+  int64_t b, n, h, d;
+  bool causal;
+  flashattn_dtype_t dtype;
+};
+
+// One measurement: a median time, or why there is none.
+struct Measure {
+  bool ok = false;
+  double ms = 0.0;
+  std::string why;
+};
+
+struct Result {
+  Measure fwd, bwd, fwdbwd;
+  size_t ws_fwd = 0, ws_bwd = 0;
+  double measured_scratch = -1.0;  // bytes; < 0: not measured
+  std::string unavailable;         // the algorithm cannot run this shape at all
+};
+
+[[noreturn]] void die(const char* what, const char* detail) {
+  std::fprintf(stderr, "cuda_benchmark: %s: %s\n", what, detail);
+  std::exit(2);
+}
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(what, cudaGetErrorString(e));
+}
+
+const char* dtype_name(flashattn_dtype_t t) {
+  return t == FLASHATTN_DTYPE_FLOAT16 ? "fp16" : t == FLASHATTN_DTYPE_BFLOAT16 ? "bf16" : "fp32";
+}
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  const char* p = s;
+  while (*p != '\0') {
+    char* end = nullptr;
+    const long long x = std::strtoll(p, &end, 10);
+    if (end == p) die("bad list", s);
+    v.push_back(x);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
+Config parse(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) die("missing value after", argv[i]);
+      return argv[++i];
+    };
+    if (a == "--fwd") c.fwd = true;
+    else if (a == "--bwd") c.bwd = true;
+    else if (a == "--fwdbwd") c.fwdbwd = true;
+    else if (a == "--algo") {
+      const std::string v = next();
+      c.flash = v == "flash" || v == "both";
+      c.standard = v == "standard" || v == "both";
+      if (!c.flash && !c.standard) die("--algo takes flash, standard or both", v.c_str());
+    } else if (a == "--dtype") {
+      const std::string v = next();
+      if (v == "bf16") c.dtype = FLASHATTN_DTYPE_BFLOAT16;
+      else if (v == "fp16") c.dtype = FLASHATTN_DTYPE_FLOAT16;
+      else die("--dtype takes bf16 or fp16", v.c_str());
+    } else if (a == "--dims") c.dims = parse_list(next());
+    else if (a == "--seqlens") c.seqlens = parse_list(next());
+    else if (a == "--causal") {
+      const std::string v = next();
+      c.causal = v == "yes" ? std::vector<int>{1} : v == "no" ? std::vector<int>{0} : std::vector<int>{0, 1};
+    } else if (a == "--quick") {
+      c.seqlens = {1024, 4096, 16384};
+      c.dims = {64, 128};
+    } else if (a == "--no-sweep") c.sweep = false;
+    else if (a == "--no-gpt2") c.gpt2 = false;
+    else if (a == "--reps") c.reps = std::max(1, std::atoi(next()));
+    else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next()));
+    else if (a == "--device") c.device = std::atoi(next());
+    else if (a == "--csv") c.csv = next();
+    else if (a == "--help" || a == "-h") {
+      std::puts("see the comment at the top of examples/cuda/cuda_benchmark.cu");
+      std::exit(0);
+    } else {
+      die("unknown argument", a.c_str());
+    }
+  }
+  if (!c.fwd && !c.bwd && !c.fwdbwd) c.fwd = c.bwd = c.fwdbwd = true;
+  return c;
+}
+
+// splitmix64 of (seed, index) -> two uniforms -> Box-Muller.
+__device__ inline uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+template <class T>
+__global__ void fill_normal(T* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix(seed * 0x100000001B3ull + i);
+    const float u1 = (static_cast<float>(r >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    const float u2 = static_cast<float>((r >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+    const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    p[i] = static_cast<T>(z);
+  }
+}
+
+template <class T>
+__global__ void max_abs_diff(const T* a, const T* b, size_t n, unsigned int* out) {
+  float m = 0.0f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float d = fabsf(static_cast<float>(a[i]) - static_cast<float>(b[i]));
+    m = d != d ? INFINITY : fmaxf(m, d);  // NaN counts as infinitely wrong
+  }
+  atomicMax(out, __float_as_uint(m));  // non-negative floats order like their bits
+}
+
+void fill(void* p, size_t n, flashattn_dtype_t t, uint64_t seed) {
+  if (t == FLASHATTN_DTYPE_FLOAT16) fill_normal<<<1024, 256>>>(static_cast<__half*>(p), n, seed);
+  else fill_normal<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  cuda_check(cudaGetLastError(), "fill_normal");
+}
+
+double diff(const void* a, const void* b, size_t n, flashattn_dtype_t t, unsigned int* scratch) {
+  cuda_check(cudaMemset(scratch, 0, sizeof(unsigned int)), "cudaMemset");
+  if (t == FLASHATTN_DTYPE_FLOAT16) {
+    max_abs_diff<<<1024, 256>>>(static_cast<const __half*>(a), static_cast<const __half*>(b), n, scratch);
+  } else {
+    max_abs_diff<<<1024, 256>>>(static_cast<const __nv_bfloat16*>(a),
+                                static_cast<const __nv_bfloat16*>(b), n, scratch);
+  }
+  unsigned int bits = 0;
+  cuda_check(cudaMemcpy(&bits, scratch, sizeof bits, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+double flops_fwd(const Shape& s) {
+  const double f = 4.0 * s.b * s.h * double(s.n) * double(s.n) * s.d;
+  return s.causal ? f / 2 : f;
+}
+
+size_t free_bytes() {
+  size_t f = 0, t = 0;
+  cuda_check(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+  return f;
+}
+
+// Device tensors for every shape: the shapes share B*N*H*D elements, so one set serves all.
+struct Buffers {
+  size_t elems = 0, lse_elems = 0;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *o_std = nullptr, *dout = nullptr,
+       *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  float* lse = nullptr;
+  unsigned int* scratch = nullptr;
+
+  void ensure(size_t n, size_t n_lse, flashattn_dtype_t t) {
+    if (n <= elems && n_lse <= lse_elems) {
+      refill(t);
+      return;
+    }
+    release();
+    elems = n;
+    lse_elems = n_lse;
+    for (void** p : {&q, &k, &v, &o, &o_std, &dout, &dq, &dk, &dv}) {
+      cuda_check(cudaMalloc(p, n * 2), "cudaMalloc (tensors)");
+    }
+    cuda_check(cudaMalloc(&lse, n_lse * sizeof(float)), "cudaMalloc (lse)");
+    cuda_check(cudaMalloc(&scratch, sizeof(unsigned int)), "cudaMalloc");
+    refill(t);
+  }
+  void refill(flashattn_dtype_t t) {
+    fill(q, elems, t, 1);
+    fill(k, elems, t, 2);
+    fill(v, elems, t, 3);
+    fill(dout, elems, t, 4);
+    cuda_check(cudaDeviceSynchronize(), "fill");
+  }
+  void release() {
+    for (void* p : {q, k, v, o, o_std, dout, dq, dk, dv}) cudaFree(p);
+    cudaFree(lse);
+    cudaFree(scratch);
+    elems = lse_elems = 0;
+  }
+};
+
+struct Views {
+  flashattn_tensor_t q, k, v, o, dout, dq, dk, dv, lse;
+};
+
+Views views_of(const Shape& s, const Buffers& m, void* out) {
+  Views w{};
+  auto t4 = [&](flashattn_tensor_t* t, void* p) {
+    if (flashattn_tensor_4d(t, p, s.dtype, s.b, s.n, s.h, s.d) != FLASHATTN_SUCCESS) {
+      die("flashattn_tensor_4d", flashattn_last_error());
+    }
+  };
+  t4(&w.q, m.q);
+  t4(&w.k, m.k);
+  t4(&w.v, m.v);
+  t4(&w.o, out);
+  t4(&w.dout, m.dout);
+  t4(&w.dq, m.dq);
+  t4(&w.dk, m.dk);
+  t4(&w.dv, m.dv);
+  if (flashattn_tensor_lse(&w.lse, m.lse, s.b, s.h, s.n) != FLASHATTN_SUCCESS) {
+    die("flashattn_tensor_lse", flashattn_last_error());
+  }
+  return w;
+}
+
+template <class F>
+Measure time_it(const Config& cfg, cudaStream_t stream, F&& call) {
+  Measure m;
+  for (int i = 0; i < cfg.warmup; ++i) {
+    if (flashattn_status_t st = call(); st != FLASHATTN_SUCCESS) {
+      m.why = std::string(flashattn_status_string(st)) + ": " + flashattn_last_error();
+      return m;
+    }
+  }
+  cudaEvent_t start, stop;
+  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> ms;
+  for (int i = 0; i < cfg.reps; ++i) {
+    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+    const flashattn_status_t st = call();
+    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    if (st != FLASHATTN_SUCCESS) {
+      m.why = std::string(flashattn_status_string(st)) + ": " + flashattn_last_error();
+      break;
+    }
+    float t = 0.0f;
+    cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!m.why.empty()) return m;
+  std::sort(ms.begin(), ms.end());
+  m.ok = true;
+  m.ms = ms[ms.size() / 2];
+  return m;
+}
+
+Result run_algo(const Config& cfg, const Shape& s, Buffers& mem, flashattn_algorithm_t algo) {
+  Result r;
+  void* out = algo == FLASHATTN_ALGORITHM_STANDARD ? mem.o_std : mem.o;
+  const Views w = views_of(s, mem, out);
+  flashattn_options_t opts = FLASHATTN_OPTIONS_INIT;
+  opts.causal = s.causal ? 1 : 0;
+  opts.algorithm = algo;
+
+  flashattn_context_t ctx = nullptr;
+  if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, cfg.device) != FLASHATTN_SUCCESS) {
+    die("flashattn_context_create", flashattn_last_error());
+  }
+  void* stream_ptr = nullptr;
+  flashattn_context_get_stream(&stream_ptr, ctx);
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const size_t free_created = free_bytes();
+
+  const bool need_bwd = cfg.bwd || cfg.fwdbwd;
+  if (flashattn_supported(ctx, &w.q, &w.k, &w.v, &opts, 0) != FLASHATTN_SUCCESS) {
+    r.unavailable = std::string("unsupported: ") + flashattn_last_error();
+  } else if (need_bwd && flashattn_supported(ctx, &w.q, &w.k, &w.v, &opts, 1) != FLASHATTN_SUCCESS) {
+    r.bwd.why = r.fwdbwd.why = std::string("unsupported: ") + flashattn_last_error();
+  }
+  if (r.unavailable.empty()) {
+    flashattn_workspace_size(&r.ws_fwd, ctx, &w.q, &w.k, &w.v, &opts, 0);
+    if (need_bwd && r.bwd.why.empty()) flashattn_workspace_size(&r.ws_bwd, ctx, &w.q, &w.k, &w.v, &opts, 1);
+    const size_t ws = std::max(r.ws_fwd, r.ws_bwd);
+    if (ws > free_created / 100 * 95) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "n/a (needs %.1f GB, %.1f GB free)", ws / kGB, free_created / kGB);
+      r.unavailable = buf;
+    }
+  }
+  if (r.unavailable.empty()) {
+    auto fwd = [&] {
+      return flashattn_forward(ctx, &w.q, &w.k, &w.v, &w.o, &w.lse, &opts, nullptr, 0);
+    };
+    auto bwd = [&] {
+      return flashattn_backward(ctx, &w.q, &w.k, &w.v, &w.o, &w.dout, &w.lse, &w.dq, &w.dk,
+                                &w.dv, &opts, nullptr, 0);
+    };
+    if (cfg.fwd) r.fwd = time_it(cfg, stream, fwd);
+    if (r.bwd.why.empty() && need_bwd) {
+      const flashattn_status_t st = fwd();  // the backward's out and lse
+      if (st != FLASHATTN_SUCCESS) {
+        r.bwd.why = r.fwdbwd.why = std::string(flashattn_status_string(st)) + ": " + flashattn_last_error();
+      } else {
+        if (cfg.bwd) r.bwd = time_it(cfg, stream, bwd);
+        if (cfg.fwdbwd) {
+          r.fwdbwd = time_it(cfg, stream, [&] {
+            const flashattn_status_t f = fwd();
+            return f != FLASHATTN_SUCCESS ? f : bwd();
+          });
+        }
+      }
+    }
+    // The output the comparison reads: one plain forward last.
+    if (fwd() == FLASHATTN_SUCCESS) flashattn_context_synchronize(ctx);
+    r.measured_scratch = static_cast<double>(free_created) - static_cast<double>(free_bytes());
+  }
+  flashattn_context_destroy(ctx);
+  return r;
+}
+
+std::string cell(const Measure& m, double flops) {
+  char buf[64];
+  if (!m.ok) return m.why.empty() ? "-" : "n/a";
+  std::snprintf(buf, sizeof buf, "%8.3f %6.1f", m.ms, flops / (m.ms * 1e-3) / 1e12);
+  return buf;
+}
+
+void print_header() {
+  std::printf("%-34s %-8s %17s %17s %17s %9s %9s %9s %9s\n", "shape", "algo",
+              "fwd ms  TFLOP/s", "bwd ms  TFLOP/s", "f+b ms  TFLOP/s", "ws f GB", "ws b GB",
+              "mem GB", "meas GB");
+}
+
+size_t tensor_bytes(const Shape& s, bool bwd) {
+  const size_t e = size_t(s.b) * s.n * s.h * s.d * 2;
+  const size_t lse = size_t(s.b) * s.h * s.n * 4;
+  return (bwd ? 8 : 4) * e + lse;
+}
+
+void csv_rows(FILE* f, const Shape& s, const char* algo, const Result& r) {
+  if (f == nullptr) return;
+  const struct {
+    const char* mode;
+    const Measure& m;
+    double mult;
+    size_t ws;
+    bool bwd;
+  } rows[] = {{"fwd", r.fwd, 1.0, r.ws_fwd, false},
+              {"bwd", r.bwd, 2.5, r.ws_bwd, true},
+              {"fwdbwd", r.fwdbwd, 3.5, std::max(r.ws_fwd, r.ws_bwd), true}};
+  for (const auto& row : rows) {
+    const bool ok = r.unavailable.empty() && row.m.ok;
+    std::string why = !r.unavailable.empty() ? r.unavailable : row.m.why;
+    for (char& ch : why)
+      if (ch == ',' || ch == '\n' || ch == '"') ch = ';';
+    std::fprintf(f, "%s,%s,%lld,%lld,%lld,%lld,%d,%s,%s,%.4f,%.2f,%zu,%zu,%.0f,%s\n",
+                 s.label.c_str(), dtype_name(s.dtype), static_cast<long long>(s.b),
+                 static_cast<long long>(s.n), static_cast<long long>(s.h),
+                 static_cast<long long>(s.d), s.causal ? 1 : 0, algo, row.mode,
+                 ok ? row.m.ms : -1.0,
+                 ok ? flops_fwd(s) * row.mult / (row.m.ms * 1e-3) / 1e12 : -1.0, row.ws,
+                 tensor_bytes(s, row.bwd), r.measured_scratch, ok ? "ok" : why.c_str());
+  }
+}
+
+void print_row(const Shape& s, const char* algo, const Result& r, double maxdiff) {
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "b%lld h%lld n%lld d%lld%s %s", static_cast<long long>(s.b),
+                static_cast<long long>(s.h), static_cast<long long>(s.n),
+                static_cast<long long>(s.d), s.causal ? " causal" : "", dtype_name(s.dtype));
+  if (!r.unavailable.empty()) {
+    std::printf("%-34s %-8s %s\n", shape, algo, r.unavailable.c_str());
+    return;
+  }
+  const double f = flops_fwd(s);
+  const size_t mem = tensor_bytes(s, r.bwd.ok || r.fwdbwd.ok) + std::max(r.ws_fwd, r.ws_bwd);
+  std::printf("%-34s %-8s %17s %17s %17s %9.3f %9.3f %9.3f %9.3f", shape, algo,
+              cell(r.fwd, f).c_str(), cell(r.bwd, 2.5 * f).c_str(),
+              cell(r.fwdbwd, 3.5 * f).c_str(), r.ws_fwd / kGB, r.ws_bwd / kGB, mem / kGB,
+              r.measured_scratch / kGB);
+  if (maxdiff >= 0) std::printf("  max|flash-std| %.3g", maxdiff);
+  std::printf("\n");
+  for (const Measure* m : {&r.fwd, &r.bwd, &r.fwdbwd}) {
+    if (!m->ok && !m->why.empty()) {
+      std::printf("%-34s %-8s   (%s)\n", "", "", m->why.c_str());
+      break;
+    }
+  }
+  std::fflush(stdout);
+}
+
+struct Pair {
+  Result flash, standard;
+  bool has_flash = false, has_standard = false;
+};
+
+Pair run_shape(const Config& cfg, const Shape& s, Buffers& mem, FILE* csv) {
+  Pair p;
+  mem.ensure(size_t(s.b) * s.n * s.h * s.d, size_t(s.b) * s.h * s.n, s.dtype);
+  if (cfg.standard) {
+    p.standard = run_algo(cfg, s, mem, FLASHATTN_ALGORITHM_STANDARD);
+    p.has_standard = true;
+  }
+  if (cfg.flash) {
+    p.flash = run_algo(cfg, s, mem, FLASHATTN_ALGORITHM_FLASH);
+    p.has_flash = true;
+  }
+  double maxdiff = -1.0;
+  if (p.has_flash && p.has_standard && p.flash.unavailable.empty() &&
+      p.standard.unavailable.empty()) {
+    maxdiff = diff(mem.o, mem.o_std, size_t(s.b) * s.n * s.h * s.d, s.dtype, mem.scratch);
+  }
+  if (p.has_flash) {
+    print_row(s, "flash", p.flash, maxdiff);
+    csv_rows(csv, s, "flash", p.flash);
+  }
+  if (p.has_standard) {
+    print_row(s, "standard", p.standard, -1.0);
+    csv_rows(csv, s, "standard", p.standard);
+  }
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config cfg = parse(argc, argv);
+  int devices = 0;
+  if (flashattn_cuda_device_count(&devices) != FLASHATTN_SUCCESS || devices <= cfg.device) {
+    std::fprintf(stderr, "cuda_benchmark: no CUDA device %d (%d found)\n", cfg.device, devices);
+    return 77;
+  }
+  cuda_check(cudaSetDevice(cfg.device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, cfg.device), "cudaGetDeviceProperties");
+  std::printf("cuda_benchmark: %s (sm_%d%d, %d SMs, %.0f GB), libflashattn %s; median of %d "
+              "runs after %d warm-up\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+              prop.totalGlobalMem / kGB, flashattn_version_string(), cfg.reps, cfg.warmup);
+  std::printf("TFLOP/s: forward 4*B*H*N^2*D (causal: half), backward 2.5x, fwd+bwd 3.5x. "
+              "ws: workspace asked for; mem: tensors + workspace; meas: scratch the context "
+              "allocated (cudaMemGetInfo)\n\n");
+
+  FILE* csv = nullptr;
+  if (!cfg.csv.empty()) {
+    csv = std::fopen(cfg.csv.c_str(), "w");
+    if (csv == nullptr) die("cannot write", cfg.csv.c_str());
+    std::fprintf(csv, "label,dtype,batch,seqlen,heads,head_dim,causal,algo,mode,ms,tflops,"
+                      "workspace_bytes,tensor_bytes,measured_scratch_bytes,status\n");
+  }
+
+  Buffers mem;
+  if (cfg.sweep) {
+    print_header();
+    for (int64_t d : cfg.dims) {
+      for (int causal : cfg.causal) {
+        for (int64_t n : cfg.seqlens) {
+          if (16384 % n != 0 || 2048 % d != 0) {
+            std::printf("skipping seqlen %lld / head dim %lld: not a divisor of 16384 / 2048\n",
+                        static_cast<long long>(n), static_cast<long long>(d));
+            continue;
+          }
+          const Shape s{"sweep", 16384 / n, n, 2048 / d, d, causal != 0, cfg.dtype};
+          run_shape(cfg, s, mem, csv);
+        }
+      }
+    }
+    std::printf("\n");
+  }
+
+  if (cfg.gpt2) {
+    std::printf("FlashAttention paper, GPT-2 medium (batch 64, 16 heads, seqlen 1024, head dim 64, "
+                "fp16), forward + backward.\nPaper (A100): standard 41.7 ms, flash 7.3 ms "
+                "(and HBM traffic 40.3 GB vs 4.4 GB, which this program does not measure).\n");
+    print_header();
+    for (int causal : {0, 1}) {
+      const Shape s{"gpt2-medium", 64, 1024, 16, 64, causal != 0, FLASHATTN_DTYPE_FLOAT16};
+      const Pair p = run_shape(cfg, s, mem, csv);
+      if (p.has_flash && p.has_standard && p.flash.fwdbwd.ok && p.standard.fwdbwd.ok) {
+        const double mf = std::max(p.flash.ws_fwd, p.flash.ws_bwd) / kGB;
+        const double ms = std::max(p.standard.ws_fwd, p.standard.ws_bwd) / kGB;
+        std::printf("  -> %s: standard %.2f ms, flash %.2f ms: %.1fx faster; workspace "
+                    "standard %.2f GB, flash %.3f GB\n",
+                    causal ? "causal" : "not causal", p.standard.fwdbwd.ms, p.flash.fwdbwd.ms,
+                    p.standard.fwdbwd.ms / p.flash.fwdbwd.ms, ms, mf);
+      }
+    }
+  }
+  mem.release();
+  if (csv != nullptr) std::fclose(csv);
+  return 0;
+}
