@@ -28,7 +28,7 @@ void emulate_standard_backward(const flashattn_test::RefProblem& p, flashattn_dt
                                std::vector<double>* dk, std::vector<double>* dv);
 
 // Tolerance for "matches the emulation": `ulps` units in the last place of the dtype at the
-// magnitude of the largest |ref|.
+// magnitude of the largest |ref| (taken as at least 2^-6).
 double emulation_tolerance(flashattn_dtype_t dtype, const std::vector<double>& ref,
                            double ulps = 2.0);
 
