@@ -116,6 +116,7 @@ ext = Extension(
 
 setup(
     version=_version(),
+    packages=["flashattn"],
     ext_modules=[ext],
     cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
 )

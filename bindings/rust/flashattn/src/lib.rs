@@ -1,12 +1,16 @@
 //! Exact attention, `softmax(scale · Q Kᵀ + mask) V`, computed the FlashAttention way by
 //! libflashattn on the CPU or a CUDA GPU: the safe API above the `flashattn-sys` crate.
 //!
-//! ```no_run
-//! let ctx = flashattn::Context::new(flashattn::Backend::Cpu, 0)?;
+//! ```
+//! # fn main() -> Result<(), flashattn::Error> {
+//! let ctx = flashattn::Context::new(flashattn::Backend::Cpu, 0)?; // or Backend::Cuda on a GPU
 //! let dims = flashattn::Dims { batch: 1, seqlen_q: 16, seqlen_k: 16, heads_q: 2, heads_kv: 2, head_dim: 8 };
 //! let (q, k, v) = (vec![0.5f32; 256], vec![0.25f32; 256], vec![1.0f32; 256]);
 //! let (out, lse) = ctx.attention(&dims, &q, &k, &v, &flashattn::Options::default().causal(true))?;
-//! # Ok::<(), flashattn::Error>(())
+//! println!("{} outputs, {} log-sum-exps", out.len(), lse.len());
+//! # assert_eq!((out.len(), lse.len()), (256, 32));
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Layout: q is `[batch, seqlen_q, heads_q, head_dim]`, k and v `[batch, seqlen_k, heads_kv,

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepares, on the development machine, what the bindings' GPU tests need on a GPU machine that
+# has no swig, Go or Rust toolchain (docs/bindings.md says how to run them there):
+#   .carry/bindings/python-swig/   flashattn_wrap.c + flashattn_swig.py (FLASHATTN_SWIG_DIR)
+#   .carry/bindings/flashattn_go.test         go test -c of package flashattn (CPU and GPU tests)
+#   .carry/bindings/flashattn_rust_gpu.test   cargo test --no-run of flashattn's tests/gpu.rs
+# The binaries link libflashattn.so.0 dynamically (no run path): on the GPU machine they load the
+# library built there through LD_LIBRARY_PATH. BUILD_DIR (default: build) is any build of the
+# library here; a CUDA-enabled one is not needed to link.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bindings/env.sh
+out=.carry/bindings
+rm -rf "$out"
+mkdir -p "$out/python-swig"
+
+swig -python -threads -I"$FLASHATTN_INCLUDEDIR" -outdir "$out/python-swig" \
+  -o "$out/python-swig/flashattn_wrap.c" bindings/python/flashattn_swig.i
+
+(cd bindings/go && GOFLAGS=-mod=mod GOPROXY=off go test -c -o "../../$out/flashattn_go.test" .)
+
+export CARGO_TARGET_DIR="$FLASHATTN_BINDINGS_OUT/cargo"
+exe=$(cargo test --offline --no-run --release --manifest-path bindings/rust/Cargo.toml \
+        -p flashattn --test gpu --message-format=json |
+      python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
+        print(m["executable"])')
+cp "$exe" "$out/flashattn_rust_gpu.test"
+ls -l "$out" "$out/python-swig"

@@ -1,0 +1,16 @@
+"""The Python lines of docs/bindings.md (quoted by the README) run as written."""
+import contextlib
+import io
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "bindings.md"
+
+
+def test_the_documented_lines_run():
+    block = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    assert len(block.strip().splitlines()) == 5
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, str(DOCS), "exec"), {})
+    assert printed.getvalue().startswith("(1, 16, 2, 8) ")

@@ -1,0 +1,15 @@
+//! The Rust lines of docs/bindings.md (quoted by the README) are the crate's doc example, which
+//! cargo test compiles and runs.
+#[test]
+fn docs_show_the_crate_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../..");
+    let docs = std::fs::read_to_string(format!("{root}/docs/bindings.md")).expect("docs/bindings.md");
+    let lib = include_str!("../src/lib.rs");
+    let start = docs.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let block = &docs[start..start + docs[start..].find("```").unwrap()];
+    let lines: Vec<&str> = block.trim().lines().collect();
+    assert_eq!(lines.len(), 5);
+    for line in lines {
+        assert!(lib.contains(&format!("//! {line}\n")), "the documented line {line:?} is not the crate example's");
+    }
+}
