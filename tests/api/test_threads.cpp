@@ -23,10 +23,6 @@ Shape thread_shape() {
   return s;
 }
 
-bool is_busy_or_ok(flashattn_status_t s) {
-  return s == FLASHATTN_SUCCESS || s == FLASHATTN_ERROR_CONTEXT_BUSY;
-}
-
 }  // namespace
 
 TEST_SUITE("threads") {
