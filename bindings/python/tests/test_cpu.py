@@ -1,4 +1,5 @@
 """The package on the CPU backend with numpy arrays, against float64 attention in numpy."""
+import sys
 import threading
 
 import numpy as np
@@ -91,6 +92,46 @@ def test_strided_views_are_read_in_place():
     # [batch, heads, seqlen, head_dim] storage seen through a transposed view
     bhsd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
     assert np.array_equal(flashattn.attention(bhsd.transpose(0, 2, 1, 3), k, v, causal=True), ours)
+
+
+def test_broadcast_inputs_are_read_in_place():
+    q, k, v = inputs((1, 20, 30, 4, 2, 16), "float32")
+    k2, v2 = np.broadcast_to(k, (3,) + k.shape[1:]), np.broadcast_to(v, (3,) + v.shape[1:])
+    q2 = np.concatenate([q, 2 * q, 3 * q])
+    assert k2.strides[0] == 0
+    out = flashattn.attention(q2, k2, v2)
+    for b in range(3):
+        assert np.array_equal(out[b:b + 1], flashattn.attention(q2[b:b + 1], k, v))
+
+
+def test_the_gil_is_released_during_the_call():
+    q, k, v = inputs((1, 1024, 1024, 4, 4, 64), "float32")
+    ctx = flashattn.Context("cpu")
+    ctx.set_num_threads(1)
+    views = [flashattn._arrays.describe(n, a).view() for n, a in zip("qkv", (q, k, v))]
+    out = np.empty_like(q)
+    args = [ctx.handle] + views + [flashattn._arrays.describe("out", out).view(), None,
+                                   flashattn._core.options(False, None, "flash", False), None, 0]
+    state = {"done": False}
+
+    def work():
+        low.flashattn_forward(*args)
+        state["done"] = True
+
+    # With a switch interval this long, a thread holding the GIL keeps it until it blocks or ends.
+    # This thread therefore runs again only when the worker lets go of the GIL: inside the call
+    # if the binding releases it there, or once the worker has finished otherwise.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        worker = threading.Thread(target=work)
+        worker.start()
+        finished_first = state["done"]
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    ctx.close()
+    assert state["done"] and not finished_first
 
 
 def test_deterministic_backward_is_bit_identical():
