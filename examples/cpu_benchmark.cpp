@@ -266,8 +266,13 @@ int sweep(const Config& cfg) {
   return 0;
 }
 
+struct ChildReport {
+  size_t workspace = 0;
+  double seconds = 0.0;
+};
+
 // One forward in a child process; returns its peak RSS in bytes (0 on failure).
-size_t child_peak_rss(const Config& cfg, int64_t n, int mode, size_t* workspace) {
+size_t child_peak_rss(const Config& cfg, int64_t n, int mode, ChildReport* report) {
   int fds[2];
   if (pipe(fds) != 0) return 0;
   const pid_t pid = fork();
@@ -278,7 +283,7 @@ size_t child_peak_rss(const Config& cfg, int64_t n, int mode, size_t* workspace)
     const int64_t d = 128;
     Tensor q(dtype, n, 1, d, 1), k(dtype, n, 1, d, 2), v(dtype, n, 1, d, 3), out(dtype, n, 1, d, 4);
     std::vector<float> lse(static_cast<size_t>(n), 0.0f);
-    size_t ws = 0;
+    ChildReport r;
     if (mode > 0) {
       flashattn_context_t ctx = nullptr;
       check(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0), "context");
@@ -288,18 +293,21 @@ size_t child_peak_rss(const Config& cfg, int64_t n, int mode, size_t* workspace)
       o.algorithm = mode == 1 ? FLASHATTN_ALGORITHM_FLASH : FLASHATTN_ALGORITHM_STANDARD;
       flashattn_tensor_t lv;
       check(flashattn_tensor_lse(&lv, lse.data(), 1, 1, n), "lse");
-      check(flashattn_workspace_size(&ws, ctx, &q.view, &k.view, &v.view, &o, 0), "workspace");
+      check(flashattn_workspace_size(&r.workspace, ctx, &q.view, &k.view, &v.view, &o, 0),
+            "workspace");
+      const auto t0 = std::chrono::steady_clock::now();
       check(flashattn_forward(ctx, &q.view, &k.view, &v.view, &out.view, &lv, &o, nullptr, 0),
             "forward");
+      r.seconds = seconds_since(t0);  // includes the first touch of the workspace
       flashattn_context_destroy(ctx);
     }
-    if (write(fds[1], &ws, sizeof ws) != static_cast<ssize_t>(sizeof ws)) _exit(3);
+    if (write(fds[1], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) _exit(3);
     _exit(0);
   }
   close(fds[1]);
-  *workspace = 0;
-  if (read(fds[0], workspace, sizeof *workspace) != static_cast<ssize_t>(sizeof *workspace)) {
-    *workspace = 0;
+  *report = ChildReport{};
+  if (read(fds[0], report, sizeof *report) != static_cast<ssize_t>(sizeof *report)) {
+    *report = ChildReport{};
   }
   close(fds[0]);
   int status = 0;
@@ -313,15 +321,17 @@ int memory(const Config& cfg) {
   std::printf("forward, batch 1, 1 head, head_dim 128, bfloat16, seqlen %lld, threads %d; each "
               "in its own child process (peak RSS from wait4)\n\n",
               static_cast<long long>(n), cfg.threads);
-  std::printf("| run | peak RSS | workspace |\n|---|---|---|\n");
+  std::printf("| run | peak RSS | workspace | forward time |\n|---|---|---|---|\n");
   const char* names[3] = {"tensors only (q, k, v, out, lse)", "flash", "standard"};
   bool ok = true;
   for (int mode = 0; mode < 3; ++mode) {
-    size_t ws = 0;
-    const size_t rss = child_peak_rss(cfg, n, mode, &ws);
+    ChildReport r;
+    const size_t rss = child_peak_rss(cfg, n, mode, &r);
     if (rss == 0) ok = false;
-    std::printf("| %s | %s | %s |\n", names[mode], rss ? mib(rss).c_str() : "failed",
-                mode ? mib(ws).c_str() : "-");
+    char time[32] = "-";
+    if (mode > 0) std::snprintf(time, sizeof time, "%.2f s", r.seconds);
+    std::printf("| %s | %s | %s | %s |\n", names[mode], rss ? mib(rss).c_str() : "failed",
+                mode ? mib(r.workspace).c_str() : "-", time);
     std::fflush(stdout);
   }
   return ok ? 0 : 1;

@@ -72,13 +72,15 @@ class CpuBackend final : public Backend {
   }
 
   void forward(const ForwardArgs& args, Workspace ws) override {
-    const cpu::Plan plan = planned(args.problem, false, ws);
-    kernels_.forward(args, plan, static_cast<char*>(ws.data), pool());
+    cpu::ThreadPool& threads = pool();
+    const cpu::Plan plan = planned(args.problem, false, ws, threads);
+    kernels_.forward(args, plan, static_cast<char*>(ws.data), threads);
   }
 
   void backward(const BackwardArgs& args, Workspace ws) override {
-    const cpu::Plan plan = planned(args.problem, true, ws);
-    kernels_.backward(args, plan, static_cast<char*>(ws.data), pool());
+    cpu::ThreadPool& threads = pool();
+    const cpu::Plan plan = planned(args.problem, true, ws, threads);
+    kernels_.backward(args, plan, static_cast<char*>(ws.data), threads);
   }
 
   void* allocate(size_t bytes) override {
@@ -117,8 +119,15 @@ class CpuBackend final : public Backend {
  private:
   static int clamp_threads(int n) { return std::max(1, std::min(n, kMaxThreads)); }
 
-  cpu::Plan planned(const Problem& p, bool backward, const Workspace& ws) const {
+  // The plan workspace_size answered for, checked against the workspace and the pool (each
+  // pool thread owns one per-thread area).
+  cpu::Plan planned(const Problem& p, bool backward, const Workspace& ws,
+                    const cpu::ThreadPool& threads) const {
     cpu::Plan plan = cpu::make_plan(p, backward, threads_.load());
+    if (plan.threads < threads.size()) {
+      fail(FLASHATTN_ERROR_INTERNAL, "the CPU plan has %d thread areas for a pool of %d",
+           plan.threads, threads.size());
+    }
     if (ws.size < plan.total || (plan.total > 0 && ws.data == nullptr)) {
       fail(FLASHATTN_ERROR_INTERNAL, "the workspace holds %zu bytes; the CPU plan needs %zu",
            ws.size, plan.total);
