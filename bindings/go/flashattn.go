@@ -140,7 +140,9 @@ func (o *Options) raw() (*capi.Options, error) {
 	return r, nil
 }
 
-// Context binds one backend and device. It is used by one goroutine at a time.
+// Context binds one backend and device. It is used by one goroutine at a time. (Every method
+// keeps the Context reachable until the library returns, so that its finalizer cannot run
+// during a call.)
 type Context struct {
 	h capi.Context
 }
@@ -170,6 +172,7 @@ func (c *Context) Close() error {
 
 // Backend is the backend the context runs on (Auto resolved).
 func (c *Context) Backend() (Backend, error) {
+	defer runtime.KeepAlive(c)
 	var b Backend
 	err := capi.Flashattn_context_get_backend(&b, c.h)
 	return b, err
@@ -177,6 +180,7 @@ func (c *Context) Backend() (Backend, error) {
 
 // Device is the CUDA device ordinal, -1 for a CPU context.
 func (c *Context) Device() (int, error) {
+	defer runtime.KeepAlive(c)
 	var d int32
 	err := capi.Flashattn_context_get_device(&d, c.h)
 	return int(d), err
@@ -184,11 +188,13 @@ func (c *Context) Device() (int, error) {
 
 // SetStream makes later work run on a cudaStream_t of the caller's (0: the context's own).
 func (c *Context) SetStream(stream uintptr) error {
+	defer runtime.KeepAlive(c)
 	return capi.Flashattn_context_set_stream(c.h, stream)
 }
 
 // Stream is the cudaStream_t work is enqueued on (0 for a CPU context).
 func (c *Context) Stream() (uintptr, error) {
+	defer runtime.KeepAlive(c)
 	var s uintptr
 	err := capi.Flashattn_context_get_stream(&s, c.h)
 	return s, err
@@ -196,11 +202,15 @@ func (c *Context) Stream() (uintptr, error) {
 
 // SetNumThreads sets the threads of a CPU context (0: one per hardware thread).
 func (c *Context) SetNumThreads(n int) error {
+	defer runtime.KeepAlive(c)
 	return capi.Flashattn_context_set_num_threads(c.h, n)
 }
 
 // Synchronize waits for the work enqueued on the context's stream.
-func (c *Context) Synchronize() error { return capi.Flashattn_context_synchronize(c.h) }
+func (c *Context) Synchronize() error {
+	defer runtime.KeepAlive(c)
+	return capi.Flashattn_context_synchronize(c.h)
+}
 
 // Buffer is memory of a context: device memory for CUDA, host memory for the CPU.
 type Buffer struct {
@@ -211,6 +221,7 @@ type Buffer struct {
 
 // NewBuffer allocates bytes (> 0) of the context's memory (contents undefined). Close it.
 func (c *Context) NewBuffer(bytes int) (*Buffer, error) {
+	defer runtime.KeepAlive(c)
 	var h capi.Buffer
 	if err := capi.Flashattn_buffer_create(&h, c.h, int64(bytes)); err != nil {
 		return nil, err
@@ -390,6 +401,7 @@ func (c *Context) WorkspaceSize(q, k, v Tensor, opts *Options, backward bool) (i
 }
 
 func (c *Context) query(q, k, v Tensor, opts *Options, backward, size bool) (int, error) {
+	defer runtime.KeepAlive(c)
 	r, err := raws([]string{"q", "k", "v"}, []*Tensor{&q, &k, &v})
 	if err != nil {
 		return 0, err
