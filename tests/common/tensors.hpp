@@ -22,6 +22,7 @@ size_t dtype_bytes(flashattn_dtype_t dtype);
 // `value` rounded to the dtype (round to nearest even), widened back to double.
 double round_to(flashattn_dtype_t dtype, double value);
 
+// Copies of a HostTensor share its storage, as views do (packed_qkv relies on it).
 class HostTensor {
  public:
   HostTensor() = default;
