@@ -314,6 +314,12 @@ func (t *Tensor) raw(name string) (*capi.Tensor, error) {
 	}
 	r := &capi.Tensor{Dtype: t.DType, Rank: int32(rank)}
 	if t.Buffer != nil && t.Buffer.ptr != 0 {
+		// Inside the buffer, the library checks the view against its end; outside, host memory
+		// of a CPU context could not be checked at all.
+		if t.Offset < 0 || t.Offset >= t.Buffer.size {
+			return nil, &Error{Status: StatusInvalidMemory,
+				Message: fmt.Sprintf("%s: offset %d is outside the %d-byte buffer", name, t.Offset, t.Buffer.size)}
+		}
 		r.Data = t.Buffer.ptr + uintptr(t.Offset)
 	}
 	stride := int64(1)
