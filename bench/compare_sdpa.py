@@ -18,8 +18,9 @@ Once per shape our output is compared with SDPA's (max abs difference is printed
 
 Then the FlashAttention paper's GPT-2 medium step (batch 64, 16 heads, seqlen 1024, head dim
 64, fp16, forward+backward): ours flash and standard, PyTorch's math (standard) backend, FA2
-and cuDNN: time and device memory (ours: workspace + tensors; torch: the peak of
-torch.cuda.max_memory_allocated over what was allocated before the step).
+and cuDNN: time and the device memory the step adds beyond its inputs q, k, v, dout (ours:
+workspace + out, lse, dq, dk, dv; torch: the peak of torch.cuda.max_memory_allocated over what
+was allocated before the step).
 
   python3 bench/compare_sdpa.py --lib build/lib/libflashattn.so --out peers.json [--quick]
   python3 bench/compare_sdpa.py --lib build/lib/libflashattn.so --selftest-cpu   (no GPU)
@@ -419,17 +420,21 @@ def run_gpu(args, lib):
         for causal in (False, True):
             tensors = make_tensors(B, N, H, D, torch.float16)
             q, k, v, out, lse, dout, dq, dk, dv = tensors
-            tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)
+            # Comparable with torch's peak over its inputs: what the step adds beyond q, k, v
+            # and dout, i.e. our workspace plus the outputs out, lse, dq, dk, dv.
+            output_bytes = sum(t.numel() * t.element_size() for t in (out, lse, dq, dk, dv))
             for name, algorithm in (("ours flash", ALGO_FLASH), ("ours standard", ALGO_STANDARD)):
                 r, call = measure_ours((B, N, H, D, causal), tensors, algorithm)
-                mem = None
+                ws = mem = None
                 if r["fwdbwd_ms"] is not None:
-                    mem = max(r.get("workspace_fwd", 0), r.get("workspace_bwd", 0))
+                    ws = max(r.get("workspace_fwd", 0), r.get("workspace_bwd", 0))
+                    mem = ws + output_bytes
                 gpt2.append({"name": name, "causal": causal, "fwdbwd_ms": r["fwdbwd_ms"],
-                             "workspace_bytes": mem, "tensor_bytes": tensor_bytes, "why": r["why"]})
+                             "workspace_bytes": ws, "peak_extra_bytes": mem, "why": r["why"]})
                 ms = r["fwdbwd_ms"]
                 print(f"{name:<26} {str(causal):>6} {fmt(ms, 11, 2)} {fmt(mem / 1e9 if mem is not None else None, 16, 3)}"
-                      f"   (workspace; tensors {tensor_bytes / 1e9:.2f} GB){'  ' + r['why'][:100] if r['why'] else ''}")
+                      f"   (workspace {fmt(ws / 1e9 if ws is not None else None, 0, 3).strip()} GB + outputs)"
+                      f"{'  ' + r['why'][:100] if r['why'] else ''}")
             qh, kh, vh, doh = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
             for name, backend in (("torch math (standard)", SDPBackend.MATH),
                                   ("torch FA2", SDPBackend.FLASH_ATTENTION),

@@ -252,7 +252,7 @@ if os.path.exists(peers) and os.path.getsize(peers) > 0:
         print(f"       max |ours - FA2| over shapes: {max(diffs):.3g}")
     for g in data.get("gpt2_medium", []):
         ms = g.get("fwdbwd_ms")
-        mem = g.get("workspace_bytes") if g.get("workspace_bytes") is not None else g.get("peak_extra_bytes")
+        mem = g.get("peak_extra_bytes")
         print(f"  GPT-2 {g['name']:<22} {'causal' if g['causal'] else 'full  '}: "
               f"{(f'{ms:.2f} ms' if ms else 'n/a'):>10}  {(f'{mem / 1e9:.2f} GB' if mem is not None else 'n/a'):>9}")
 PY
