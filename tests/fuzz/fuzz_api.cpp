@@ -54,6 +54,7 @@ constexpr size_t kMaxSnapshotBytes = size_t(1) << 20;  // outputs-untouched chec
 constexpr int64_t kMaxCompute = int64_t(1) << 15;      // B * Hq * Nq * Nk * D of a forward/backward
 constexpr int kMaxComputeThreads = 8;                  // more threads: only validation is fuzzed
 constexpr size_t kOptionsBlock = 4096 + 64;            // options storage: sizes up to this are real
+constexpr size_t kMaxFillBytes = size_t(1) << 16;      // of a new buffer; bigger copies are cut too
 
 // ---------------------------------------------------------------------------------------------
 // Failure reporting.
@@ -499,8 +500,8 @@ class Harness {
     EXPECT(check_status(flashattn_buffer_size(&size, h), "buffer_size") == 0, "");
     EXPECT(size == bytes, "buffer_size");
     EXPECT(data != nullptr && reinterpret_cast<uintptr_t>(data) % 256 == 0, "256-byte alignment");
-    // Defined contents, so that every run of an input computes the same thing.
-    std::memset(data, 0x3c, bytes);
+    // Defined contents where computations read them (a problem's buffers are written in full).
+    std::memset(data, 0x3c, bytes < kMaxFillBytes ? bytes : kMaxFillBytes);
     bufs_[slot] = Buffer{h, static_cast<unsigned char*>(data), bytes};
     return true;
   }
@@ -558,9 +559,10 @@ class Harness {
     Buffer* b = slot < kBufSlots && bufs_[slot].handle != nullptr ? &bufs_[slot] : nullptr;
     const size_t size = b != nullptr ? b->size : 64;
     const size_t offset = fuzz_extent(size);
-    const size_t bytes = fuzz_extent(size);
+    size_t bytes = fuzz_extent(size);
     size_t end = 0;
     const bool fits = !__builtin_add_overflow(offset, bytes, &end) && end <= size;
+    if (fits && bytes > kMaxFillBytes) bytes = kMaxFillBytes;  // still in range, and cheap
     const bool valid = b != nullptr && !null_host && fits;
     // Valid: host memory of exactly `bytes`. Invalid: a small block the library must not touch.
     HostBlock host;
