@@ -7,7 +7,8 @@
 // head dim 64, fp16), causal and not.
 //
 // Per shape and algorithm it prints the median time of --reps runs (CUDA events on the
-// context's stream, after --warmup runs), TFLOP/s (forward 4*B*H*Nq*Nk*D, halved for causal;
+// context's stream, after --warmup runs; a 0.5 ms spin kernel ahead of each run keeps the
+// host's launch overhead out of the measurement), TFLOP/s (forward 4*B*H*Nq*Nk*D, halved for causal;
 // backward 2.5x; forward+backward 3.5x), the workspace the library asked for, the device memory
 // the step needs (tensors + workspace), the scratch the context was measured to allocate
 // (cudaMemGetInfo before and after; allocation granularity applies), and max |flash - standard|
@@ -164,6 +165,17 @@ __global__ void fill_normal(T* p, size_t n, uint64_t seed) {
   }
 }
 
+// Keeps the GPU busy for `ns` nanoseconds: enqueued before each timed run, it lets the host
+// enqueue the start event and the call while the GPU is still spinning, so the host's time to
+// validate arguments and launch is not counted as GPU time.
+__global__ void spin(long long ns) {
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 template <class T>
 __global__ void max_abs_diff(const T* a, const T* b, size_t n, unsigned int* out) {
   float m = 0.0f;
@@ -284,6 +296,8 @@ Measure time_it(const Config& cfg, cudaStream_t stream, F&& call) {
   cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<float> ms;
   for (int i = 0; i < cfg.reps; ++i) {
+    spin<<<1, 1, 0, stream>>>(500000);  // 0.5 ms
+    cuda_check(cudaGetLastError(), "spin");
     cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
     const flashattn_status_t st = call();
     cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
