@@ -169,7 +169,8 @@ if [ $do_sanitize -eq 1 ]; then
   else
     # memcheck over gpu_tests, the 4224-long cases left out (the rest is the same code).
     run_part sanitize "$(limit 400 $((do_bench * 60 + do_peers * 90)))" "$out/sanitize.log" \
-      compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check no \
+      "${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}" \
+      --tool memcheck --error-exitcode 1 --leak-check no \
       "$build/tests/gpu/gpu_tests" --test-case-exclude='*large*'
   fi
   summary_lines+=("sanitize: $(grep -E 'ERROR SUMMARY|test cases:' "$out/sanitize.log" 2>/dev/null | tail -n 2 | tr '\n' ' ')")
