@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, then runs every scripts/steps/NN-*.sh in name
 # order (10-build builds everything, 20-ctest runs the tests, later steps add their own), stops
-# at the first failing step, and prints each step's result and duration.
+# at the first failing step, and prints each step's result and duration. Each step's output is
+# also kept in $BUILD_DIR/test-logs/<step>.log.
 #   BUILD_DIR   the build folder (default: build/ in the repository)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,15 +35,19 @@ summary() {
     printf '%-24s %-8s %10s\n' "$(basename "${steps[$i]}" .sh)" "${results[$i]:-not run}" "$time"
   done
   printf '%-24s %-8s %10s\n' total "" "$(seconds $total)"
+  echo "logs: $logs"
 }
 
+logs=$BUILD_DIR/test-logs
+mkdir -p "$logs"
 status=0
 for i in "${!steps[@]}"; do
   step=${steps[$i]}
+  name=$(basename "$step" .sh)
   echo
-  echo "== $(basename "$step" .sh) =="
+  echo "== $name =="
   start=$(now_ms)
-  if bash -euo pipefail "$step"; then
+  if bash -euo pipefail "$step" 2>&1 | tee "$logs/$name.log"; then
     results[$i]=ok
   else
     status=$?
