@@ -105,11 +105,32 @@ void check_memory(const ContextState& state, const std::vector<CheckedView>& vie
   }
 }
 
-Workspace workspace_for(ContextState& state, size_t needed, void* workspace,
+// Whether [a, a + na) and [b, b + nb) share a byte, without forming a + na (sizes come from the
+// caller and may be anything).
+bool ranges_overlap(uintptr_t a, size_t na, uintptr_t b, size_t nb) {
+  return a <= b ? b - a < na : a - b < nb;
+}
+
+// A caller's workspace may have any alignment; backends lay out their scratch as aligned arrays
+// (as allocate() returns them). The query answers kWorkspaceAlign - 1 bytes more than the backend
+// needs, and the call starts the backend's workspace at the first aligned byte of the caller's.
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t workspace_query(size_t needed) {
+  if (needed == 0) return 0;
+  size_t with_slack;
+  if (__builtin_add_overflow(needed, kWorkspaceAlign - 1, &with_slack)) {
+    fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "a workspace of %zu bytes cannot be represented", needed);
+  }
+  return with_slack;
+}
+
+Workspace workspace_for(ContextState& state, size_t backend_needed, void* workspace,
                         size_t workspace_size, const std::vector<CheckedView>& views) {
   if (workspace == nullptr && workspace_size == 0) {
-    return needed == 0 ? Workspace{} : state.scratch_of_size(needed);
+    return backend_needed == 0 ? Workspace{} : state.scratch_of_size(backend_needed);
   }
+  const size_t needed = workspace_query(backend_needed);
   if (workspace == nullptr) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace is NULL but workspace_size is %zu",
          workspace_size);
@@ -131,14 +152,17 @@ Workspace workspace_for(ContextState& state, size_t needed, void* workspace,
   for (const CheckedView& v : views) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(workspace);
     const uintptr_t b = reinterpret_cast<uintptr_t>(v.view->data);
-    if (a < b + v.extent_bytes && b < a + workspace_size) {
+    if (ranges_overlap(a, workspace_size, b, v.extent_bytes)) {
       fail(FLASHATTN_ERROR_INVALID_MEMORY, "workspace: shares memory with %s", v.name);
     }
   }
   std::vector<CheckedView> ws_only{cw};
   wsv.rank = 0;
   check_memory(state, ws_only);
-  return Workspace{workspace, workspace_size};
+  if (backend_needed == 0) return Workspace{workspace, workspace_size};
+  const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
+  const size_t pad = (kWorkspaceAlign - base % kWorkspaceAlign) % kWorkspaceAlign;  // < the slack
+  return Workspace{static_cast<char*>(workspace) + pad, workspace_size - pad};
 }
 
 }  // namespace
@@ -442,7 +466,7 @@ FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t* out, flashattn
     ContextState& state = state_of(ctx);
     Problem p = validate_problem(q, k, v, options, nullptr);
     state.backend->check_supported(p, backward != 0);
-    *out = state.backend->workspace_size(p, backward != 0);
+    *out = workspace_query(state.backend->workspace_size(p, backward != 0));
   });
 }
 

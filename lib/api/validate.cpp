@@ -240,7 +240,8 @@ bool representable(int64_t r, const Dim* dims, int i, int n, const int64_t* inne
 bool views_may_overlap(const CheckedView& a, const CheckedView& b) {
   const uintptr_t pa = reinterpret_cast<uintptr_t>(a.view->data);
   const uintptr_t pb = reinterpret_cast<uintptr_t>(b.view->data);
-  if (pa + a.extent_bytes <= pb || pb + b.extent_bytes <= pa) return false;
+  // Disjoint spans, tested without forming pa + extent (no wrap-around near the top).
+  if (pa <= pb ? pb - pa >= a.extent_bytes : pa - pb >= b.extent_bytes) return false;
   // Spans meet. Interleaved views of one layout (a packed QKV tensor) may still be disjoint.
   const flashattn_tensor_t* ta = a.view;
   const flashattn_tensor_t* tb = b.view;
