@@ -1041,13 +1041,15 @@ class Harness {
     size_t ws_size = 0;
     if (ws_mode == 5) {
       ws_size = 1 + in_.u16();
-    } else if (ws_mode == 6) {
-      const uint8_t sel = in_.u8() % 4;
-      size_t need = last_workspace_;
+    } else if (ws_mode == 6) {  // the last query's answer (or near it), at any alignment
+      const uint8_t mode = in_.u8();
+      const uint8_t sel = mode % 4;
+      const size_t misalign = (mode >> 2) % 8;  // bytes past a 16-byte aligned allocation
+      const size_t need = last_workspace_;
       ws_size = sel == 0 ? need : sel == 1 ? (need > 0 ? need - 1 : 0) : sel == 2 ? need + 64 : in_.u16();
       if (ws_size > kMaxBufferBytes) ws_size = kMaxBufferBytes;
-      host_ws.reset(ws_size);
-      ws = host_ws.p.get();
+      host_ws.reset(ws_size + misalign);  // ends exactly where the workspace does
+      ws = host_ws.p.get() + misalign;
     } else if (ws_mode == 7) {
       int buf;
       ws = fuzz_data(&buf);
