@@ -171,6 +171,7 @@ TEST_CASE("memory: host pointers, pinned memory and views past an allocation are
     GPU_FA_OK(flashattn_tensor_4d(&o, out.get(), BF16, 1, n, h, d));
     CHECK(flashattn_forward(c.ctx, &x, &sk, &x, &o, nullptr, &opts, nullptr, 0) ==
           FLASHATTN_ERROR_INVALID_MEMORY);
+    INFO("last error: " << flashattn_last_error());
     CHECK(contains(flashattn_last_error(), "k: the view spans"));
     CHECK(contains(flashattn_last_error(), "remain in its allocation"));
     GPU_FA_OK(flashattn_forward(c.ctx, &x, &x, &x, &o, nullptr, &opts, nullptr, 0));
