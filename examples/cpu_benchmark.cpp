@@ -162,46 +162,92 @@ struct Problem {
 };
 
 struct Timing {
-  double fwd_s = 0, bwd_s = 0;
+  double fwd_s = 1e30, bwd_s = 1e30;
   size_t fwd_ws = 0, bwd_ws = 0;
 };
 
-// Best of `iters` timed calls after one warm-up call (which also sizes the context's scratch).
-Timing run(flashattn_context_t ctx, const Problem& p, flashattn_algorithm_t alg, int iters,
-           bool backward, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-           Tensor* out, Tensor* dq, Tensor* dk, Tensor* dv, std::vector<float>* lse) {
-  flashattn_options_t o;
-  flashattn_options_init(&o);
-  o.causal = p.causal ? 1 : 0;
-  o.algorithm = alg;
-  flashattn_tensor_t lv;
-  check(flashattn_tensor_lse(&lv, lse->data(), 1, p.h, p.n), "lse view");
+// One algorithm's context, options and outputs for one problem.
+struct Runner {
+  flashattn_context_t ctx = nullptr;
+  flashattn_options_t o{};
+  Tensor out, dq, dk, dv;
+  std::vector<float> lse;
+  flashattn_tensor_t lv{};
   Timing t;
-  check(flashattn_workspace_size(&t.fwd_ws, ctx, &q.view, &k.view, &v.view, &o, 0), "workspace");
-  if (backward) {
-    check(flashattn_workspace_size(&t.bwd_ws, ctx, &q.view, &k.view, &v.view, &o, 1), "workspace");
+
+  Runner(const Config& cfg, const Problem& p, flashattn_algorithm_t alg)
+      : out(p.dtype, p.n, p.h, p.d, 5),
+        dq(p.dtype, p.n, p.h, p.d, 6),
+        dk(p.dtype, p.n, p.h, p.d, 6),
+        dv(p.dtype, p.n, p.h, p.d, 6),
+        lse(static_cast<size_t>(p.h * p.n)) {
+    check(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0), "context");
+    check(flashattn_context_set_num_threads(ctx, cfg.threads), "threads");
+    flashattn_options_init(&o);
+    o.causal = p.causal ? 1 : 0;
+    o.algorithm = alg;
+    check(flashattn_tensor_lse(&lv, lse.data(), 1, p.h, p.n), "lse view");
   }
-  t.fwd_s = 1e30;
-  t.bwd_s = 1e30;
-  for (int it = 0; it <= iters; ++it) {
-    const auto t0 = std::chrono::steady_clock::now();
-    check(flashattn_forward(ctx, &q.view, &k.view, &v.view, &out->view, &lv, &o, nullptr, 0),
-          "forward");
-    if (it > 0) t.fwd_s = std::min(t.fwd_s, seconds_since(t0));
-  }
-  if (backward) {
-    for (int it = 0; it <= iters; ++it) {
-      const auto t0 = std::chrono::steady_clock::now();
-      check(flashattn_backward(ctx, &q.view, &k.view, &v.view, &out->view, &dout.view, &lv,
-                               &dq->view, &dk->view, &dv->view, &o, nullptr, 0),
-            "backward");
-      if (it > 0) t.bwd_s = std::min(t.bwd_s, seconds_since(t0));
+  ~Runner() { flashattn_context_destroy(ctx); }
+
+  void sizes(const Tensor& q, const Tensor& k, const Tensor& v, bool backward) {
+    check(flashattn_workspace_size(&t.fwd_ws, ctx, &q.view, &k.view, &v.view, &o, 0), "workspace");
+    if (backward) {
+      check(flashattn_workspace_size(&t.bwd_ws, ctx, &q.view, &k.view, &v.view, &o, 1),
+            "workspace");
     }
   }
-  return t;
+  double forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+    const auto t0 = std::chrono::steady_clock::now();
+    check(flashattn_forward(ctx, &q.view, &k.view, &v.view, &out.view, &lv, &o, nullptr, 0),
+          "forward");
+    return seconds_since(t0);
+  }
+  double backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout) {
+    const auto t0 = std::chrono::steady_clock::now();
+    check(flashattn_backward(ctx, &q.view, &k.view, &v.view, &out.view, &dout.view, &lv, &dq.view,
+                             &dk.view, &dv.view, &o, nullptr, 0),
+          "backward");
+    return seconds_since(t0);
+  }
+};
+
+// Flash and standard calls alternate, so both meet the same conditions (other processes on
+// the machine); each keeps its best time over `iters` calls after one warm-up call (which also
+// sizes the context's scratch).
+void time_both(const Config& cfg, Runner& f, Runner& s, const Tensor& q, const Tensor& k,
+               const Tensor& v, const Tensor& dout) {
+  f.sizes(q, k, v, cfg.backward);
+  s.sizes(q, k, v, cfg.backward);
+  for (int it = 0; it <= cfg.iters; ++it) {
+    const double tf = f.forward(q, k, v);
+    const double ts = s.forward(q, k, v);
+    if (it > 0) {
+      f.t.fwd_s = std::min(f.t.fwd_s, tf);
+      s.t.fwd_s = std::min(s.t.fwd_s, ts);
+    }
+  }
+  if (!cfg.backward) return;
+  for (int it = 0; it <= cfg.iters; ++it) {
+    const double tf = f.backward(q, k, v, dout);
+    const double ts = s.backward(q, k, v, dout);
+    if (it > 0) {
+      f.t.bwd_s = std::min(f.t.bwd_s, tf);
+      s.t.bwd_s = std::min(s.t.bwd_s, ts);
+    }
+  }
+}
+
+// Other processes competing for the cores inflate wall-clock times: say how busy it was.
+void print_load() {
+  double load[3];
+  if (getloadavg(load, 3) == 3) {
+    std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+  }
 }
 
 int sweep(const Config& cfg) {
+  print_load();
   std::printf("threads %d, batch 1, heads %d; GFLOP/s = 4*B*H*N*N*D (causal /2) per forward, "
               "2.5x for backward; best of %d\n\n",
               cfg.threads, cfg.heads, cfg.iters);
@@ -215,27 +261,17 @@ int sweep(const Config& cfg) {
       for (int causal = 0; causal <= 1; ++causal)
         for (int64_t n : cfg.seqlens) {
           const Problem p{dtype, n, cfg.heads, d, causal != 0};
-          flashattn_context_t ctx = nullptr;
-          check(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0), "context");
-          check(flashattn_context_set_num_threads(ctx, cfg.threads), "threads");
           Tensor q(dtype, n, p.h, d, 1), k(dtype, n, p.h, d, 2), v(dtype, n, p.h, d, 3);
           Tensor dout(dtype, n, p.h, d, 4);
-          Tensor out_f(dtype, n, p.h, d, 5), out_s(dtype, n, p.h, d, 5);
-          Tensor dq_f(dtype, n, p.h, d, 6), dk_f(dtype, n, p.h, d, 6), dv_f(dtype, n, p.h, d, 6);
-          Tensor dq_s(dtype, n, p.h, d, 6), dk_s(dtype, n, p.h, d, 6), dv_s(dtype, n, p.h, d, 6);
-          std::vector<float> lse_f(static_cast<size_t>(p.h * n)), lse_s(lse_f.size());
-          const Timing f = run(ctx, p, FLASHATTN_ALGORITHM_FLASH, cfg.iters, cfg.backward, q, k, v,
-                               dout, &out_f, &dq_f, &dk_f, &dv_f, &lse_f);
-          // Release the flash scratch so the standard run's memory is its own.
-          flashattn_context_destroy(ctx);
-          check(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0), "context");
-          check(flashattn_context_set_num_threads(ctx, cfg.threads), "threads");
-          const Timing s = run(ctx, p, FLASHATTN_ALGORITHM_STANDARD, cfg.iters, cfg.backward, q, k,
-                               v, dout, &out_s, &dq_s, &dk_s, &dv_s, &lse_s);
-          flashattn_context_destroy(ctx);
-          double diff = max_diff(out_f, out_s);
+          Runner fr(cfg, p, FLASHATTN_ALGORITHM_FLASH);
+          Runner sr(cfg, p, FLASHATTN_ALGORITHM_STANDARD);
+          time_both(cfg, fr, sr, q, k, v, dout);
+          const Timing& f = fr.t;
+          const Timing& s = sr.t;
+          double diff = max_diff(fr.out, sr.out);
           if (cfg.backward) {
-            diff = std::max({diff, max_diff(dq_f, dq_s), max_diff(dk_f, dk_s), max_diff(dv_f, dv_s)});
+            diff = std::max({diff, max_diff(fr.dq, sr.dq), max_diff(fr.dk, sr.dk),
+                             max_diff(fr.dv, sr.dv)});
           }
           // Loose on purpose: a sanity check that both ran, not the numerics tests.
           const double tol = dtype == FLASHATTN_DTYPE_FLOAT32 ? 1e-3 : 0.1;
