@@ -122,8 +122,18 @@ if [ $do_tests -eq 1 ]; then
   if [ $build_ok -eq 0 ]; then
     # The three gpu_tests suites and any other gpu-labelled test run side by side; -V keeps
     # what passing tests print (device banner, flash availability, doctest counts).
-    run_part tests "$(limit 240 $((do_bench * 60 + do_peers * 90 + do_sanitize * 60)))" "$out/tests.log" \
+    # Then the forward sweep once more with the mma.sync (sm80) kernels forced, so a Hopper
+    # machine tests both forward paths.
+    tests_cmd() {
       ctest --test-dir "$build" -L gpu -j 4 -V --timeout 600
+      local rc=$?
+      echo "== forward sweep with FLASHATTN_FORCE_SM80=1 =="
+      FLASHATTN_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward || rc=1
+      return $rc
+    }
+    export -f tests_cmd
+    run_part tests "$(limit 240 $((do_bench * 60 + do_peers * 90 + do_sanitize * 60)))" "$out/tests.log" \
+      bash -c tests_cmd
   else
     order+=(tests); result[tests]="not run (build failed)"
   fi

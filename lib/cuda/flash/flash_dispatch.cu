@@ -2,12 +2,16 @@
 // head dim. What this build did not compile answers "unsupported", never a link error.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
 #include "cuda/sm80/launch.hpp"
+#include "cuda/sm90/fwd_config.cuh"
+#include "cuda/sm90/launch.hpp"
 
 namespace flashattn {
 namespace cuda {
@@ -63,6 +67,17 @@ int fwd_smem(int hdim) {
   return 0;
 }
 
+int sm90_fwd_smem(int hdim) {
+  switch (hdim) {
+    case 64: return sm90::FwdConfig<64>::kSmemBytes;
+    case 96: return sm90::FwdConfig<96>::kSmemBytes;
+    case 128: return sm90::FwdConfig<128>::kSmemBytes;
+    case 192: return sm90::FwdConfig<192>::kSmemBytes;
+    case 256: return sm90::FwdConfig<256>::kSmemBytes;
+  }
+  return 0;
+}
+
 int bwd_smem(int hdim) {
   switch (hdim) {
     case 64: return sm80::BwdConfig<64>::kSmemBytes;
@@ -94,6 +109,26 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   return w;
 }
 
+#ifdef FLASHATTN_HAVE_SM90A
+constexpr bool kHaveSm90a = true;
+#else
+constexpr bool kHaveSm90a = false;
+#endif
+
+// FLASHATTN_FORCE_SM80=1 runs the mma.sync kernels on Hopper too: for tests of both paths on
+// one machine and for side-by-side benchmarks.
+bool force_sm80() {
+  static const bool forced = [] {
+    const char* v = std::getenv("FLASHATTN_FORCE_SM80");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return forced;
+}
+
+bool use_sm90_forward(const DeviceInfo& dev) {
+  return kHaveSm90a && dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80();
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool strides_ok(const Tensor4& t) {
   return t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 && t.stride_head % 8 == 0;
@@ -120,16 +155,23 @@ cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, cudaStream_t stream) 
 }
 
 template <int kHeadDim>
-cudaError_t fwd_for_dtype(DType dtype, const FwdParams& p, cudaStream_t stream) {
+cudaError_t fwd_for_dtype(DType dtype, const FwdParams& p, bool sm90, cudaStream_t stream) {
   if (dtype == DType::BF16) {
 #ifdef FLASHATTN_DTYPE_BF16
+#ifdef FLASHATTN_HAVE_SM90A
+    if (sm90) return sm90::launch_fwd<__nv_bfloat16, kHeadDim>(p, stream);
+#endif
     return sm80::launch_fwd<__nv_bfloat16, kHeadDim>(p, stream);
 #endif
   } else if (dtype == DType::F16) {
 #ifdef FLASHATTN_DTYPE_FP16
+#ifdef FLASHATTN_HAVE_SM90A
+    if (sm90) return sm90::launch_fwd<__half, kHeadDim>(p, stream);
+#endif
     return sm80::launch_fwd<__half, kHeadDim>(p, stream);
 #endif
   }
+  (void)sm90;
   return cudaErrorNotSupported;
 }
 
@@ -155,7 +197,9 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.batch > 65535 || p.heads_q > 65535) {
     return "the flash CUDA kernels take at most 65535 batches and 65535 heads";
   }
-  const int smem = backward ? bwd_smem(hdim) : fwd_smem(hdim);
+  const int smem = backward                 ? bwd_smem(hdim)
+                   : use_sm90_forward(dev) ? sm90_fwd_smem(hdim)
+                                           : fwd_smem(hdim);
   if (static_cast<size_t>(smem) > dev.smem_per_block_optin) {
     return "this device has too little shared memory per block for this head_dim's flash kernel";
   }
@@ -180,8 +224,9 @@ size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo&) 
   return backward ? bwd_workspace(p).total : 0;
 }
 
-cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&,
+cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo& dev,
                           cudaStream_t stream) {
+  const bool sm90 = use_sm90_forward(dev);
   const Problem& pr = a.problem;
   FwdParams p{};
   p.q = a.q.data;
@@ -216,19 +261,19 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
   p.causal = pr.causal;
   switch (padded_head_dim(pr.head_dim)) {
 #ifdef FLASHATTN_HDIM_64
-    case 64: return fwd_for_dtype<64>(pr.dtype, p, stream);
+    case 64: return fwd_for_dtype<64>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_96
-    case 96: return fwd_for_dtype<96>(pr.dtype, p, stream);
+    case 96: return fwd_for_dtype<96>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_128
-    case 128: return fwd_for_dtype<128>(pr.dtype, p, stream);
+    case 128: return fwd_for_dtype<128>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_192
-    case 192: return fwd_for_dtype<192>(pr.dtype, p, stream);
+    case 192: return fwd_for_dtype<192>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_256
-    case 256: return fwd_for_dtype<256>(pr.dtype, p, stream);
+    case 256: return fwd_for_dtype<256>(pr.dtype, p, sm90, stream);
 #endif
     default: return cudaErrorNotSupported;
   }
