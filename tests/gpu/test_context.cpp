@@ -171,7 +171,7 @@ TEST_CASE("memory: host pointers, pinned memory and views past an allocation are
     GPU_FA_OK(flashattn_tensor_4d(&o, out.get(), BF16, 1, n, h, d));
     CHECK(flashattn_forward(c.ctx, &x, &sk, &x, &o, nullptr, &opts, nullptr, 0) ==
           FLASHATTN_ERROR_INVALID_MEMORY);
-    INFO("last error: " << flashattn_last_error());
+    INFO("last error: " << std::string(flashattn_last_error()));
     CHECK(contains(flashattn_last_error(), "k: the view spans"));
     CHECK(contains(flashattn_last_error(), "remain in its allocation"));
     GPU_FA_OK(flashattn_forward(c.ctx, &x, &x, &x, &o, nullptr, &opts, nullptr, 0));
@@ -302,8 +302,9 @@ TEST_CASE("workspace: caller-owned memory of the queried size gives the same res
 }
 
 TEST_CASE("streams: the caller's stream is used as given; NULL returns to the context's own") {
-  Context c;
+  // The stream outlives the context that uses it (the header's contract for set_stream).
   Stream user;
+  Context c;
   void* own = nullptr;
   GPU_FA_OK(flashattn_context_get_stream(&own, c.ctx));
   GPU_FA_OK(flashattn_context_set_stream(c.ctx, user.s));
@@ -346,8 +347,9 @@ TEST_CASE("streams: forward and backward return without waiting for the stream")
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   };
-  Context c;
+  // The stream outlives the context that uses it (the header's contract for set_stream).
   Stream user;
+  Context c;
   GPU_FA_OK(flashattn_context_set_stream(c.ctx, user.s));
   Small s;
   GPU_FA_OK(s.forward(c.ctx));  // warm: the scratch is sized
@@ -377,8 +379,9 @@ TEST_CASE("streams: forward and backward return without waiting for the stream")
 }
 
 TEST_CASE("graph capture: forward and backward captured on the caller's stream, replayed") {
-  Context c;
+  // The stream outlives the context that uses it (the header's contract for set_stream).
   Stream user;
+  Context c;
   GPU_FA_OK(flashattn_context_set_stream(c.ctx, user.s));
   for (flashattn_algorithm_t a : {FLASHATTN_ALGORITHM_STANDARD, FLASHATTN_ALGORITHM_FLASH}) {
     CAPTURE(a);
