@@ -122,13 +122,13 @@ if [ $do_tests -eq 1 ]; then
   if [ $build_ok -eq 0 ]; then
     # The three gpu_tests suites and any other gpu-labelled test run side by side; -V keeps
     # what passing tests print (device banner, flash availability, doctest counts).
-    # Then the forward sweep once more with the mma.sync (sm80) kernels forced, so a Hopper
-    # machine tests both forward paths.
+    # Then the sweeps once more with the mma.sync (sm80) kernels forced, so a Hopper machine
+    # tests both kernel families.
     tests_cmd() {
       ctest --test-dir "$build" -L gpu -j 4 -V --timeout 600
       local rc=$?
-      echo "== forward sweep with FLASHATTN_FORCE_SM80=1 =="
-      FLASHATTN_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward || rc=1
+      echo "== forward and backward sweeps with FLASHATTN_FORCE_SM80=1 =="
+      FLASHATTN_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward,gpu_backward || rc=1
       return $rc
     }
     export -f tests_cmd

@@ -10,6 +10,7 @@
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
 #include "cuda/sm80/launch.hpp"
+#include "cuda/sm90/bwd_config.cuh"
 #include "cuda/sm90/fwd_config.cuh"
 #include "cuda/sm90/launch.hpp"
 
@@ -129,6 +130,18 @@ bool use_sm90_forward(const DeviceInfo& dev) {
   return kHaveSm90a && dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80();
 }
 
+// The Hopper backward exists for these padded head dims; the others take the sm80 one.
+bool use_sm90_backward(const DeviceInfo& dev, int hdim) {
+  return use_sm90_forward(dev) && (hdim == 64 || hdim == 128);
+}
+
+int bwd_smem_for(const DeviceInfo& dev, int hdim) {
+  if (use_sm90_backward(dev, hdim)) {
+    return hdim == 64 ? sm90::BwdConfig<64>::kSmemBytes : sm90::BwdConfig<128>::kSmemBytes;
+  }
+  return bwd_smem(hdim);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool strides_ok(const Tensor4& t) {
   return t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 && t.stride_head % 8 == 0;
@@ -141,16 +154,29 @@ constexpr const char* kLayoutReason =
     "contiguous layout with head_dim padded to a multiple of 8)";
 
 template <int kHeadDim>
-cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, cudaStream_t stream) {
+cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, bool sm90, cudaStream_t stream) {
+  constexpr bool kSm90Path = kHeadDim == 64 || kHeadDim == 128;
   if (dtype == DType::BF16) {
 #ifdef FLASHATTN_DTYPE_BF16
+#ifdef FLASHATTN_HAVE_SM90A
+    if constexpr (kSm90Path) {
+      if (sm90) return sm90::launch_bwd<__nv_bfloat16, kHeadDim>(p, stream);
+    }
+#endif
     return sm80::launch_bwd<__nv_bfloat16, kHeadDim>(p, stream);
 #endif
   } else if (dtype == DType::F16) {
 #ifdef FLASHATTN_DTYPE_FP16
+#ifdef FLASHATTN_HAVE_SM90A
+    if constexpr (kSm90Path) {
+      if (sm90) return sm90::launch_bwd<__half, kHeadDim>(p, stream);
+    }
+#endif
     return sm80::launch_bwd<__half, kHeadDim>(p, stream);
 #endif
   }
+  (void)sm90;
+  (void)kSm90Path;
   return cudaErrorNotSupported;
 }
 
@@ -197,7 +223,7 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.batch > 65535 || p.heads_q > 65535) {
     return "the flash CUDA kernels take at most 65535 batches and 65535 heads";
   }
-  const int smem = backward                 ? bwd_smem(hdim)
+  const int smem = backward                 ? bwd_smem_for(dev, hdim)
                    : use_sm90_forward(dev) ? sm90_fwd_smem(hdim)
                                            : fwd_smem(hdim);
   if (static_cast<size_t>(smem) > dev.smem_per_block_optin) {
@@ -280,7 +306,7 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
 }
 
 cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
-                           const DeviceInfo&, cudaStream_t stream) {
+                           const DeviceInfo& dev, cudaStream_t stream) {
   const Problem& pr = a.problem;
   const BwdWorkspace w = bwd_workspace(pr);
   if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
@@ -340,21 +366,22 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
   p.causal = pr.causal;
   p.deterministic = pr.deterministic;
+  const bool sm90 = use_sm90_backward(dev, p.head_dim_padded);
   switch (p.head_dim_padded) {
 #ifdef FLASHATTN_HDIM_64
-    case 64: return bwd_for_dtype<64>(pr.dtype, p, stream);
+    case 64: return bwd_for_dtype<64>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_96
-    case 96: return bwd_for_dtype<96>(pr.dtype, p, stream);
+    case 96: return bwd_for_dtype<96>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_128
-    case 128: return bwd_for_dtype<128>(pr.dtype, p, stream);
+    case 128: return bwd_for_dtype<128>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_192
-    case 192: return bwd_for_dtype<192>(pr.dtype, p, stream);
+    case 192: return bwd_for_dtype<192>(pr.dtype, p, sm90, stream);
 #endif
 #ifdef FLASHATTN_HDIM_256
-    case 256: return bwd_for_dtype<256>(pr.dtype, p, stream);
+    case 256: return bwd_for_dtype<256>(pr.dtype, p, sm90, stream);
 #endif
     default: return cudaErrorNotSupported;
   }

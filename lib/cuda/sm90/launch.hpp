@@ -13,5 +13,9 @@ namespace sm90 {
 template <class T, int kHeadDim>
 cudaError_t launch_fwd(const cuda::FwdParams& p, cudaStream_t stream);
 
+// Head dims 64 and 128 only (see generate.py's BWD_HEAD_DIMS).
+template <class T, int kHeadDim>
+cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream);
+
 }  // namespace sm90
 }  // namespace flashattn

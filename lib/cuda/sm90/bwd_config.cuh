@@ -1,0 +1,32 @@
+// Hopper backward tile shapes per padded head dim: the one place they are chosen.
+#pragma once
+
+#include "cuda/sm80/tile.cuh"
+
+namespace flashattn {
+namespace sm90 {
+
+template <int kHeadDim_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
+  using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
+  using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
+  using TileDS = sm80::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
+  // dQ = dS K: split the head dim between the warpgroups when each half is whole 64-column
+  // blocks; otherwise each warpgroup takes its own keys and both add.
+  static constexpr bool kDqSplitN = kHeadDim % 128 == 0;
+  static constexpr int kDqN = kDqSplitN ? kHeadDim / 2 : kHeadDim;
+  static constexpr int kKVBytes = TileKV::kElems * 2;
+  static constexpr int kQBytes = TileQ::kElems * 2;
+  static constexpr int kDSBytes = TileDS::kElems * 2;
+  static constexpr int kStatsBytes = 2 * 128 * 4;
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kDSBytes + kStatsBytes + 1024;
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDSBytes % 1024 == 0,
+                "1024-byte aligned tiles");
+  static_assert(kHeadDim % 64 == 0 && kDqN <= 128, "whole 64-column blocks");
+};
+
+}  // namespace sm90
+}  // namespace flashattn
