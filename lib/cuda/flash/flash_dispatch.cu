@@ -137,7 +137,8 @@ bool use_sm90_backward(const DeviceInfo& dev, int hdim) {
 
 int bwd_smem_for(const DeviceInfo& dev, int hdim) {
   if (use_sm90_backward(dev, hdim)) {
-    return hdim == 64 ? sm90::BwdConfig<64>::kSmemBytes : sm90::BwdConfig<128>::kSmemBytes;
+    // The two-warpgroup configuration needs the most shared memory of the two.
+    return hdim == 64 ? sm90::BwdConfig<64, 2>::kSmemBytes : sm90::BwdConfig<128, 2>::kSmemBytes;
   }
   return bwd_smem(hdim);
 }

@@ -6,17 +6,21 @@
 namespace flashattn {
 namespace sm90 {
 
-template <int kHeadDim_>
+// kWarpGroups_ = 2: 128 keys per CTA, one CTA per SM; 1: 64 keys per CTA and two CTAs per SM,
+// so one CTA's softmax and atomics run under the other's GEMMs (at twice the dQ atomics).
+template <int kHeadDim_, int kWarpGroups_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;   // queries per step
-  static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
+  static constexpr int kWarpGroups = kWarpGroups_;
+  static constexpr int kNThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64;                 // queries per step
+  static constexpr int kBlockN = 64 * kWarpGroups;  // keys per CTA: 64 per warpgroup
   using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
   using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
   using TileDS = sm80::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
   // dQ = dS K: split the head dim between the warpgroups when each half is whole 64-column
   // blocks; otherwise each warpgroup takes its own keys and both add.
-  static constexpr bool kDqSplitN = kHeadDim % 128 == 0;
+  static constexpr bool kDqSplitN = kWarpGroups == 2 && kHeadDim % 128 == 0;
   static constexpr int kDqN = kDqSplitN ? kHeadDim / 2 : kHeadDim;
   static constexpr int kKVBytes = TileKV::kElems * 2;
   static constexpr int kQBytes = TileQ::kElems * 2;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -25,10 +26,12 @@
 namespace flashattn {
 namespace sm90 {
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
+template <class T, int kHeadDim, int kWarpGroups>
+__global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
+    bwd_kernel(const cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
-  using Cfg = BwdConfig<kHeadDim>;
+  using Cfg = BwdConfig<kHeadDim, kWarpGroups>;
+  constexpr int kThreads = Cfg::kNThreads;
   constexpr int kBlockM = Cfg::kBlockM;  // 64 queries per step
   constexpr int kBlockN = Cfg::kBlockN;  // 128 keys per CTA, 64 per warpgroup
   constexpr int kDAcc = kHeadDim / 2;    // dK, dV accumulator registers (m64 x head_dim)
@@ -73,8 +76,8 @@ __global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
                 head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
   const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
                 head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  sm80::load_tile<TileKV, 256>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
-  sm80::load_tile<TileKV, 256>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
+  sm80::load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
+  sm80::load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
 
   // One step's tiles: Q and dO rows, and the 64 LSE*log2(e) and D values (padded rows of the
   // workspace hold +inf and 0, so they need no predicate).
@@ -85,9 +88,9 @@ __global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
                   head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
     const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
                    head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-    sm80::load_tile<TileQ, 256>(sQ + stage * TileQ::kElems, qg, p.q_row_stride, seqlen_q - m0,
+    sm80::load_tile<TileQ, kThreads>(sQ + stage * TileQ::kElems, qg, p.q_row_stride, seqlen_q - m0,
                                 p.head_dim, tid);
-    sm80::load_tile<TileQ, 256>(sdO + stage * TileQ::kElems, dog, p.do_row_stride,
+    sm80::load_tile<TileQ, kThreads>(sdO + stage * TileQ::kElems, dog, p.do_row_stride,
                                 seqlen_q - m0, p.head_dim, tid);
     if (tid < 32) {  // 2 x 64 floats: 32 chunks of 16 bytes
       const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
@@ -219,7 +222,7 @@ __global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
     } else {
       // Each warpgroup: its own 64 keys, the whole head dim; both add into dQ.
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < 4; ++kk) {  // 64 keys
         wgmma_ss_tt<T, Cfg::kDqN>(
             acc_dq, smem_desc(ds_addr + wg * 64 * 128 + kk * 2048, kBlockN * 128, 1024),
             smem_desc(kfull_addr + wg * 64 * 128 + kk * 2048, kBlockN * 128, 1024), kk > 0);
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
       const int col0 = Cfg::kDqSplitN ? wg * Cfg::kDqN : 0;
       float* dq = p.dq_accum + row0 * p.head_dim_padded + col0;
       // In the deterministic mode the two warpgroups of the K-split add one after the other.
-      const int passes = (!Cfg::kDqSplitN && p.deterministic) ? 2 : 1;
+      const int passes = (!Cfg::kDqSplitN && kWarpGroups == 2 && p.deterministic) ? 2 : 1;
       for (int pass = 0; pass < passes; ++pass) {
         if (passes == 1 || pass == wg) {
 #pragma unroll
@@ -293,25 +296,40 @@ __global__ void __launch_bounds__(256, 1) bwd_kernel(const cuda::BwdParams p) {
            int64_t(n0) * p.dk_row_stride;
   T* dvg = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
            int64_t(n0) * p.dv_row_stride;
-  sm80::store_tile<TileKV, 256>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
-  sm80::store_tile<TileKV, 256>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
+  sm80::store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
+  sm80::store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
 #endif
+}
+
+template <class T, int kHeadDim, int kWarpGroups>
+cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
+  using Cfg = BwdConfig<kHeadDim, kWarpGroups>;
+  auto kernel = bwd_kernel<T, kHeadDim, kWarpGroups>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
+  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Warpgroups per CTA of the main kernel: FLASHATTN_SM90_BWD_WARPGROUPS=1 or 2 (default 1).
+inline int bwd_warpgroups() {
+  static const int n = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_BWD_WARPGROUPS");
+    return (v != nullptr && v[0] == '2') ? 2 : 1;
+  }();
+  return n;
 }
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream) {
-  using Cfg = BwdConfig<kHeadDim>;
   const dim3 rows_grid(p.seqlen_q_rounded / 64, p.heads_q, p.batch);
   sm80::bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = bwd_kernel<T, kHeadDim>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
-  kernel<<<grid, 256, Cfg::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
+  err = bwd_warpgroups() == 2 ? launch_bwd_main<T, kHeadDim, 2>(p, stream)
+                              : launch_bwd_main<T, kHeadDim, 1>(p, stream);
   if (err != cudaSuccess) return err;
   const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
   sm80::bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);
