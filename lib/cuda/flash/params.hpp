@@ -55,6 +55,7 @@ struct BwdParams {
   float scale_log2;
   bool causal;
   bool deterministic;
+  bool dq_tiled;  // the dQ accumulator's layout: set by the sm90 kernel (64 x 64 tiles)
 };
 
 }  // namespace cuda

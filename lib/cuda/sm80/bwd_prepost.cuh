@@ -84,9 +84,9 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
   const int m0 = blockIdx.x * kRows;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const float* acc = p.dq_accum +
-                     ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0) *
-                         p.head_dim_padded;
+  const float* head_acc =
+      p.dq_accum + (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded * p.head_dim_padded;
+  const float* acc = head_acc + int64_t(m0) * p.head_dim_padded;
   T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
           int64_t(m0) * p.dq_row_stride;
   const int rows = min(kRows, p.seqlen_q - m0);
@@ -94,9 +94,12 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
     const int r = i / chunks;
     const int c = (i % chunks) * 2;
-    const float* src = acc + int64_t(r) * p.head_dim_padded + c;
+    // Row-major (sm80), or 64 x 64 tiles with row-swizzled pairs (sm90, see dq_tile_offset).
+    const float* src =
+        p.dq_tiled ? acc + (c / 64) * 4096 + r * 64 + 2 * (((c % 64) >> 1) ^ ((r & 7) << 2))
+                   : acc + int64_t(r) * p.head_dim_padded + c;
     T* dst = dq + int64_t(r) * p.dq_row_stride + c;
-    if (c + 1 < p.head_dim) {
+    if (c + 1 < p.head_dim) {  // c is even: the pair is adjacent in both layouts
       *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
     } else {
       dst[0] = T(src[0] * p.scale);

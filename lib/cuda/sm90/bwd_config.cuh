@@ -6,8 +6,9 @@
 namespace flashattn {
 namespace sm90 {
 
-// kWarpGroups_ = 2: 128 keys per CTA, one CTA per SM; 1: 64 keys per CTA and two CTAs per SM,
-// so one CTA's softmax and atomics run under the other's GEMMs (at twice the dQ atomics).
+// kWarpGroups_ = 2 (what launch_bwd uses): 128 keys per CTA, one CTA per SM. One warpgroup
+// (64 keys, two CTAs per SM) measured slower on the H200 at head dim 128 (187 against 252
+// TFLOP/s at seqlen 4k, docs/perf/kernel-log.md): it doubles the dQ additions.
 template <int kHeadDim_, int kWarpGroups_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -26,10 +27,12 @@ struct BwdConfig {
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kDSBytes = TileDS::kElems * 2;
   static constexpr int kStatsBytes = 2 * 128 * 4;
-  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kDSBytes + kStatsBytes + 1024;
+  static constexpr int kDQBytes = 64 * 64 * 4;  // per warpgroup: the fp32 dQ tile it adds
+  static constexpr int kSmemBytes =
+      2 * kKVBytes + 4 * kQBytes + kDSBytes + kWarpGroups * kDQBytes + kStatsBytes + 1024;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles");
-  static_assert(kHeadDim % 64 == 0 && kDqN <= 128, "whole 64-column blocks");
+  static_assert(kHeadDim % 64 == 0 && kDqN == 64, "one 64 x 64 dQ tile per warpgroup");
 };
 
 }  // namespace sm90

@@ -6,11 +6,12 @@
 //   P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - D)   (in registers)
 //   dV += P^T dO and dK += dS^T Q        (A straight from the accumulators, B MN-major)
 //   dQ (partial) = dS K                  (dS^T through shared memory, both operands MN-major)
-// and adds dQ into the fp32 accumulator with atomics (in key-block order when deterministic).
+// and adds its 64 x 64 fp32 dQ tile into the accumulator with one bulk reduce-add from shared
+// memory (in key-block order when deterministic). The sm90 accumulator is stored in tiles (see
+// dq_tile_offset), which its own postprocess reads.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -48,8 +49,11 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
   T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);                      // 2 stages
   T* sdO = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 2 * Cfg::kQBytes);  // 2 stages
   T* sdS = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes);
+  float* sDQ = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
+                                        Cfg::kDSBytes);  // [warpgroup][64 x 64], swizzled
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
-                                           Cfg::kDSBytes);  // [2 stages][lse2 64, dsum 64]
+                                           Cfg::kDSBytes + kWarpGroups * Cfg::kDQBytes);
+  // [2 stages][lse2 64, dsum 64]
 
   const int n_block = blockIdx.x;
   const int head_kv = blockIdx.y;
@@ -231,6 +235,21 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
     wgmma_commit();
     wgmma_wait<0>();
 
+    // dQ tile to shared memory (the layout of the accumulator's tiles), then one bulk add.
+    float* my_dq = sDQ + wg * 64 * 64;
+    const bool leader = (tid % 128) == 0;
+    if (leader) bulk_wait_read();  // the last step's bulk add has finished reading my_dq
+    named_barrier_sync(1 + wg, 128);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = warp * 16 + g + hh * 8;
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
+        *reinterpret_cast<float2*>(my_dq + dq_tile_offset(r, 8 * j + 2 * t)) =
+            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
+      }
+    }
+    fence_proxy_async();
     int* sem = nullptr;
     if (p.deterministic) {
       sem = p.dq_semaphore +
@@ -240,41 +259,37 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
         }
         __threadfence();
       }
-      __syncthreads();
+      __syncthreads();  // also: every warpgroup's tile is written
+    } else {
+      named_barrier_sync(1 + wg, 128);
     }
     {
-      const int64_t row0 = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-      const int col0 = Cfg::kDqSplitN ? wg * Cfg::kDqN : 0;
-      float* dq = p.dq_accum + row0 * p.head_dim_padded + col0;
-      // In the deterministic mode the two warpgroups of the K-split add one after the other.
+      const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+      const int dblock = Cfg::kDqSplitN ? wg : 0;
+      float* dst = p.dq_accum + head_rows * p.head_dim_padded + int64_t(m0) * p.head_dim_padded +
+                   dblock * 64 * 64;
+      // The K-split's two warpgroups add to the same tile: in the deterministic mode, in order.
       const int passes = (!Cfg::kDqSplitN && kWarpGroups == 2 && p.deterministic) ? 2 : 1;
       for (int pass = 0; pass < passes; ++pass) {
-        if (passes == 1 || pass == wg) {
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = warp * 16 + g + hh * 8;
-            if (m0 + r < seqlen_q) {
-#pragma unroll
-              for (int j = 0; j < Cfg::kDqN / 8; ++j) {
-                float* d = dq + int64_t(r) * p.head_dim_padded + 8 * j + 2 * t;
-                atomicAdd(reinterpret_cast<float2*>(d),
-                          make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]));
-              }
-            }
+        if (leader && (passes == 1 || pass == wg)) {
+          bulk_reduce_add_f32(dst, my_dq, 64 * 64 * 4);
+          if (p.deterministic) {
+            bulk_wait_all();
+            __threadfence();
           }
         }
-        if (passes == 2) {
-          __threadfence();
-          __syncthreads();
-        }
+        if (passes == 2) __syncthreads();
       }
     }
     if (p.deterministic) {
-      __threadfence();
       __syncthreads();
-      if (tid == 0) atomicExch(sem, n_block + 1);
+      if (tid == 0) {
+        __threadfence();
+        atomicExch(sem, n_block + 1);
+      }
     }
   }
+  if ((tid % 128) == 0) bulk_wait_all();  // shared memory stays until the adds have read it
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles).
   sm80::cp_async_wait<0>();
@@ -313,23 +328,15 @@ cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Warpgroups per CTA of the main kernel: FLASHATTN_SM90_BWD_WARPGROUPS=1 or 2 (default 1).
-inline int bwd_warpgroups() {
-  static const int n = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_BWD_WARPGROUPS");
-    return (v != nullptr && v[0] == '2') ? 2 : 1;
-  }();
-  return n;
-}
-
 template <class T, int kHeadDim>
-cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(const cuda::BwdParams& params, cudaStream_t stream) {
+  cuda::BwdParams p = params;
+  p.dq_tiled = true;
   const dim3 rows_grid(p.seqlen_q_rounded / 64, p.heads_q, p.batch);
   sm80::bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  err = bwd_warpgroups() == 2 ? launch_bwd_main<T, kHeadDim, 2>(p, stream)
-                              : launch_bwd_main<T, kHeadDim, 1>(p, stream);
+  err = launch_bwd_main<T, kHeadDim, 2>(p, stream);
   if (err != cudaSuccess) return err;
   const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
   sm80::bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);

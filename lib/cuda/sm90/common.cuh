@@ -56,5 +56,41 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Named barrier over `threads` threads (id 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Bulk reduce-add of `bytes` (a multiple of 16) of fp32 from shared to global memory, in this
+// thread's bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
+#ifdef FLASHATTN_SM90A_DEVICE
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(gmem),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))), "r"(bytes)
+      : "memory");
+#endif
+}
+// Waits until this thread's bulk operations have read their shared memory.
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef FLASHATTN_SM90A_DEVICE
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+// Waits until this thread's bulk operations are complete (their writes performed).
+__device__ __forceinline__ void bulk_wait_all() {
+#ifdef FLASHATTN_SM90A_DEVICE
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// The sm90 dQ accumulator is stored in 64 x 64 fp32 tiles ([query block][64-column block]),
+// each row's float2 pairs swizzled by the row so that a warp's float2 stores of an accumulator
+// fragment hit every bank: the float offset of (r, c) inside a tile, c even.
+__host__ __device__ __forceinline__ int dq_tile_offset(int r, int c) {
+  return r * 64 + 2 * ((c >> 1) ^ ((r & 7) << 2)) + (c & 1);
+}
+
 }  // namespace sm90
 }  // namespace flashattn
