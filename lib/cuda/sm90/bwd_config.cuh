@@ -6,9 +6,9 @@
 namespace flashattn {
 namespace sm90 {
 
-// kWarpGroups_ = 2 (what launch_bwd uses): 128 keys per CTA, one CTA per SM. One warpgroup
-// (64 keys, two CTAs per SM) measured slower on the H200 at head dim 128 (187 against 252
-// TFLOP/s at seqlen 4k, docs/perf/kernel-log.md): it doubles the dQ additions.
+// Two warpgroups: 128 keys per CTA, one CTA per SM. One warpgroup (64 keys, two CTAs per SM)
+// measured slower on the H200 at head dim 128 (187 against 252 TFLOP/s at seqlen 4k,
+// docs/perf/kernel-log.md): it doubles the dQ additions. Head dim 128 only.
 template <int kHeadDim_, int kWarpGroups_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -19,10 +19,8 @@ struct BwdConfig {
   using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
   using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
   using TileDS = sm80::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
-  // dQ = dS K: split the head dim between the warpgroups when each half is whole 64-column
-  // blocks; otherwise each warpgroup takes its own keys and both add.
-  static constexpr bool kDqSplitN = kWarpGroups == 2 && kHeadDim % 128 == 0;
-  static constexpr int kDqN = kDqSplitN ? kHeadDim / 2 : kHeadDim;
+  // dQ = dS K: the warpgroups split the head dim, one 64-column block each.
+  static constexpr int kDqN = kHeadDim / 2;
   static constexpr int kKVBytes = TileKV::kElems * 2;
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kDSBytes = TileDS::kElems * 2;
@@ -32,7 +30,7 @@ struct BwdConfig {
       2 * kKVBytes + 4 * kQBytes + kDSBytes + kWarpGroups * kDQBytes + kStatsBytes + 1024;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles");
-  static_assert(kHeadDim % 64 == 0 && kDqN == 64, "one 64 x 64 dQ tile per warpgroup");
+  static_assert(kWarpGroups == 2 && kDqN == 64, "one 64 x 64 dQ tile per warpgroup");
 };
 
 }  // namespace sm90

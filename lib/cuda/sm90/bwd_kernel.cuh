@@ -213,24 +213,12 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
 #pragma unroll
     for (int i = 0; i < kQAcc; ++i) acc_dq[i] = 0.0f;
     wgmma_fence();
-    if constexpr (Cfg::kDqSplitN) {
-      // Each warpgroup: all 128 keys, its half of the head dim (a 64-column block of sK).
+    // Each warpgroup: all 128 keys, its half of the head dim (a 64-column block of sK).
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        wgmma_ss_tt<T, Cfg::kDqN>(
-            acc_dq, smem_desc(ds_addr + kk * 2048, kBlockN * 128, 1024),
-            smem_desc(kfull_addr + wg * (Cfg::kDqN / 64) * kBlockN * 128 + kk * 2048,
-                      kBlockN * 128, 1024),
-            kk > 0);
-      }
-    } else {
-      // Each warpgroup: its own 64 keys, the whole head dim; both add into dQ.
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {  // 64 keys
-        wgmma_ss_tt<T, Cfg::kDqN>(
-            acc_dq, smem_desc(ds_addr + wg * 64 * 128 + kk * 2048, kBlockN * 128, 1024),
-            smem_desc(kfull_addr + wg * 64 * 128 + kk * 2048, kBlockN * 128, 1024), kk > 0);
-      }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      wgmma_ss_tt<T, Cfg::kDqN>(
+          acc_dq, smem_desc(ds_addr + kk * 2048, kBlockN * 128, 1024),
+          smem_desc(kfull_addr + wg * kBlockN * 128 + kk * 2048, kBlockN * 128, 1024), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -265,20 +253,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
     }
     {
       const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
-      const int dblock = Cfg::kDqSplitN ? wg : 0;
       float* dst = p.dq_accum + head_rows * p.head_dim_padded + int64_t(m0) * p.head_dim_padded +
-                   dblock * 64 * 64;
-      // The K-split's two warpgroups add to the same tile: in the deterministic mode, in order.
-      const int passes = (!Cfg::kDqSplitN && kWarpGroups == 2 && p.deterministic) ? 2 : 1;
-      for (int pass = 0; pass < passes; ++pass) {
-        if (leader && (passes == 1 || pass == wg)) {
-          bulk_reduce_add_f32(dst, my_dq, 64 * 64 * 4);
-          if (p.deterministic) {
-            bulk_wait_all();
-            __threadfence();
-          }
+                   wg * 64 * 64;  // the warpgroup's 64-column tile
+      if (leader) {
+        bulk_reduce_add_f32(dst, my_dq, 64 * 64 * 4);
+        if (p.deterministic) {
+          bulk_wait_all();
+          __threadfence();
         }
-        if (passes == 2) __syncthreads();
       }
     }
     if (p.deterministic) {
