@@ -25,10 +25,12 @@ run() {  # run NAME COMMAND...
   if timeout 240 "$@" >> "$log" 2>&1; then verdict[$name]=passed; else verdict[$name]="FAILED ($?)"; fi
 }
 py_build() {
-  cd bindings/python &&
+  cd "$root/bindings/python" &&
     FLASHATTN_SWIG_DIR=$root/$carry/python-swig python3 setup.py build_ext --inplace
 }
-run python-build py_build
+export -f py_build
+export root carry
+run python-build bash -c py_build
 PYTHONPATH=$root/bindings/python run python python3 -m pytest bindings/python/tests -q -rs
 run go "$carry/flashattn_go.test" -test.v -test.run GPU
 run rust "$carry/flashattn_rust_gpu.test" --nocapture
