@@ -93,9 +93,9 @@ uint16_t to_fp16(float f) {
 }
 float from_fp16(uint16_t h) {
   const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -24)
-                  : exp == 31 ? (mant ? NAN : INFINITY)
-                              : std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+  const float mag = exp == 0    ? std::ldexp(static_cast<float>(mant), -24)
+                    : exp == 31 ? (mant ? NAN : INFINITY)
+                                : std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
   return (h & 0x8000u) ? -mag : mag;
 }
 
@@ -248,12 +248,14 @@ void print_load() {
 
 int sweep(const Config& cfg) {
   print_load();
-  std::printf("threads %d, batch 1, heads %d; GFLOP/s = 4*B*H*N*N*D (causal /2) per forward, "
-              "2.5x for backward; best of %d\n\n",
-              cfg.threads, cfg.heads, cfg.iters);
-  std::printf("| dtype | D | causal | seqlen | fwd flash ms | fwd std ms | fwd flash GFLOP/s | "
-              "fwd std GFLOP/s | bwd flash ms | bwd std ms | bwd flash GFLOP/s | bwd std GFLOP/s | "
-              "flash ws fwd/bwd | std ws fwd/bwd | max abs diff |\n");
+  std::printf(
+      "threads %d, batch 1, heads %d; GFLOP/s = 4*B*H*N*N*D (causal /2) per forward, "
+      "2.5x for backward; best of %d\n\n",
+      cfg.threads, cfg.heads, cfg.iters);
+  std::printf(
+      "| dtype | D | causal | seqlen | fwd flash ms | fwd std ms | fwd flash GFLOP/s | "
+      "fwd std GFLOP/s | bwd flash ms | bwd std ms | bwd flash GFLOP/s | bwd std GFLOP/s | "
+      "flash ws fwd/bwd | std ws fwd/bwd | max abs diff |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool agree = true;
   for (flashattn_dtype_t dtype : cfg.dtypes)
@@ -270,8 +272,8 @@ int sweep(const Config& cfg) {
           const Timing& s = sr.t;
           double diff = max_diff(fr.out, sr.out);
           if (cfg.backward) {
-            diff = std::max({diff, max_diff(fr.dq, sr.dq), max_diff(fr.dk, sr.dk),
-                             max_diff(fr.dv, sr.dv)});
+            diff = std::max(
+                {diff, max_diff(fr.dq, sr.dq), max_diff(fr.dk, sr.dk), max_diff(fr.dv, sr.dv)});
           }
           // Loose on purpose: a sanity check that both ran, not the numerics tests.
           const double tol = dtype == FLASHATTN_DTYPE_FLOAT32 ? 1e-3 : 0.1;
@@ -279,19 +281,21 @@ int sweep(const Config& cfg) {
           const double flops = 4.0 * p.h * double(n) * double(n) * double(d) * (causal ? 0.5 : 1.0);
           const double g = 1e-9;
           if (cfg.backward) {
-            std::printf("| %s | %lld | %s | %lld | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.0f | "
-                        "%.0f | %s / %s | %s / %s | %.2g |\n",
-                        dtype_name(dtype), static_cast<long long>(d), causal ? "yes" : "no",
-                        static_cast<long long>(n), f.fwd_s * 1e3, s.fwd_s * 1e3, flops / f.fwd_s * g,
-                        flops / s.fwd_s * g, f.bwd_s * 1e3, s.bwd_s * 1e3,
-                        2.5 * flops / f.bwd_s * g, 2.5 * flops / s.bwd_s * g, mib(f.fwd_ws).c_str(),
-                        mib(f.bwd_ws).c_str(), mib(s.fwd_ws).c_str(), mib(s.bwd_ws).c_str(), diff);
+            std::printf(
+                "| %s | %lld | %s | %lld | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.0f | "
+                "%.0f | %s / %s | %s / %s | %.2g |\n",
+                dtype_name(dtype), static_cast<long long>(d), causal ? "yes" : "no",
+                static_cast<long long>(n), f.fwd_s * 1e3, s.fwd_s * 1e3, flops / f.fwd_s * g,
+                flops / s.fwd_s * g, f.bwd_s * 1e3, s.bwd_s * 1e3, 2.5 * flops / f.bwd_s * g,
+                2.5 * flops / s.bwd_s * g, mib(f.fwd_ws).c_str(), mib(f.bwd_ws).c_str(),
+                mib(s.fwd_ws).c_str(), mib(s.bwd_ws).c_str(), diff);
           } else {
-            std::printf("| %s | %lld | %s | %lld | %.1f | %.1f | %.0f | %.0f | - | - | - | - | %s | "
-                        "%s | %.2g |\n",
-                        dtype_name(dtype), static_cast<long long>(d), causal ? "yes" : "no",
-                        static_cast<long long>(n), f.fwd_s * 1e3, s.fwd_s * 1e3, flops / f.fwd_s * g,
-                        flops / s.fwd_s * g, mib(f.fwd_ws).c_str(), mib(s.fwd_ws).c_str(), diff);
+            std::printf(
+                "| %s | %lld | %s | %lld | %.1f | %.1f | %.0f | %.0f | - | - | - | - | %s | "
+                "%s | %.2g |\n",
+                dtype_name(dtype), static_cast<long long>(d), causal ? "yes" : "no",
+                static_cast<long long>(n), f.fwd_s * 1e3, s.fwd_s * 1e3, flops / f.fwd_s * g,
+                flops / s.fwd_s * g, mib(f.fwd_ws).c_str(), mib(s.fwd_ws).c_str(), diff);
           }
           std::fflush(stdout);
         }
@@ -348,15 +352,17 @@ size_t child_peak_rss(const Config& cfg, int64_t n, int mode, ChildReport* repor
   close(fds[0]);
   int status = 0;
   struct rusage ru {};
-  if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 0;
+  if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return 0;
   return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 int memory(const Config& cfg) {
   const int64_t n = cfg.memory_seqlen;
-  std::printf("forward, batch 1, 1 head, head_dim 128, bfloat16, seqlen %lld, threads %d; each "
-              "in its own child process (peak RSS from wait4)\n\n",
-              static_cast<long long>(n), cfg.threads);
+  std::printf(
+      "forward, batch 1, 1 head, head_dim 128, bfloat16, seqlen %lld, threads %d; each "
+      "in its own child process (peak RSS from wait4)\n\n",
+      static_cast<long long>(n), cfg.threads);
   std::printf("| run | peak RSS | workspace | forward time |\n|---|---|---|---|\n");
   const char* names[3] = {"tensors only (q, k, v, out, lse)", "flash", "standard"};
   bool ok = true;

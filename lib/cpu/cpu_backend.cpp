@@ -59,7 +59,8 @@ class CpuBackend final : public Backend {
 
   void check_supported(const Problem& p, bool) const override {
     if (p.dtype != DType::F32 && p.dtype != DType::F16 && p.dtype != DType::BF16) {
-      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend has no dtype %d", static_cast<int>(p.dtype));
+      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend has no dtype %d",
+           static_cast<int>(p.dtype));
     }
     if (p.head_dim < 1 || p.head_dim > 256) {
       fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend supports head_dim 1 to 256, not %lld",
@@ -90,7 +91,8 @@ class CpuBackend final : public Backend {
     }
     const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
     void* p = std::aligned_alloc(256, rounded);
-    if (p == nullptr) fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "could not allocate %zu bytes of host memory", bytes);
+    if (p == nullptr)
+      fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "could not allocate %zu bytes of host memory", bytes);
     return p;
   }
   void deallocate(void* ptr) noexcept override { std::free(ptr); }

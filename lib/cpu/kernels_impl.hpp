@@ -84,8 +84,8 @@ using MicroFn = void (*)(int, const float*, int64_t, int64_t, const float*, int6
                          int64_t, bool);
 
 template <int R, int NV>
-void micro(int K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t ldb,
-           float* C, int64_t ldc, bool accumulate) {
+void micro(int K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t ldb, float* C,
+           int64_t ldc, bool accumulate) {
   vf c[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) c[r][v] = accumulate ? vload(C + r * ldc + v * W) : vf{};
@@ -112,8 +112,8 @@ constexpr std::array<std::array<MicroFn, NVMAX>, RMAX> micro_table(std::index_se
 constexpr std::array<std::array<MicroFn, NVMAX>, RMAX> kMicro =
     micro_table(std::make_index_sequence<RMAX>());
 
-void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
-          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak, const float* B,
+          int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   const int64_t nvec = N / W;
   for (int64_t k0 = 0; k0 < K || (k0 == 0 && !accumulate); k0 += KC) {
     const int kc = static_cast<int>(std::min<int64_t>(KC, K - k0));
@@ -122,8 +122,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t 
       const int nv = static_cast<int>(std::min<int64_t>(NVMAX, nvec - v0));
       for (int64_t m0 = 0; m0 < M; m0 += RMAX) {
         const int r = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
-        kMicro[r - 1][nv - 1](kc, A + m0 * sam + k0 * sak, sam, sak, B + k0 * ldb + v0 * W,
-                              ldb, C + m0 * ldc + v0 * W, ldc, acc);
+        kMicro[r - 1][nv - 1](kc, A + m0 * sam + k0 * sak, sam, sak, B + k0 * ldb + v0 * W, ldb,
+                              C + m0 * ldc + v0 * W, ldc, acc);
       }
     }
     if (K == 0) break;
@@ -270,14 +270,14 @@ inline QTileItem q_tile_item(const Problem& p, const Plan& pl, int64_t item) {
 // queries at a time live in one vector and K needs no transpose.
 
 struct QueryTile {
-  int64_t i0;      // first row
-  int rows;        // rows in the tile
-  int rows_p;      // rows rounded up to whole vectors (extra columns are zero queries)
-  int64_t key_end; // keys [0, key_end) are visible to some row of the tile
-  float* Qt;       // [d][kBlockQ], scaled to log2 units
-  float* O;        // [kBlockQ][dp]
-  float* m;        // [kBlockQ]
-  float* l;        // [kBlockQ]
+  int64_t i0;       // first row
+  int rows;         // rows in the tile
+  int rows_p;       // rows rounded up to whole vectors (extra columns are zero queries)
+  int64_t key_end;  // keys [0, key_end) are visible to some row of the tile
+  float* Qt;        // [d][kBlockQ], scaled to log2 units
+  float* O;         // [kBlockQ][dp]
+  float* m;         // [kBlockQ]
+  float* l;         // [kBlockQ]
 };
 
 // One K/V tile (K and V packed as [ncols][dp]) into one query tile's running state.
@@ -318,8 +318,7 @@ void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const fl
 }
 
 template <class E>
-void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item,
-                        int worker) {
+void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
   const Problem& p = a.problem;
   const int64_t group = pl.query_group;
   const int64_t blocks = ceil_div(pl.tiles_q, group);
@@ -454,9 +453,8 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   if (p.algorithm == Algorithm::Flash) {
     const int64_t items = p.batch * p.heads_q * ceil_div(pl.tiles_q, pl.query_group);
-    pool.parallel_for(items, [&](int64_t item, int worker) {
-      flash_forward_item<E>(a, pl, ws, item, worker);
-    });
+    pool.parallel_for(
+        items, [&](int64_t item, int worker) { flash_forward_item<E>(a, pl, ws, item, worker); });
     return;
   }
   float* kt_all = shared_at(ws, pl.kt_all);
@@ -494,16 +492,19 @@ void row_stats_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t ite
 
 // P = exp2(S - lse2) over the visible columns [0, lim), 0 elsewhere in [0, n).
 inline void probs_row(float* s, int64_t lim, int64_t n, float lse2) {
-  if (lse2 == kNegInf) lim = 0;  // a row that sees no key
+  if (lse2 == kNegInf) lim = 0;                          // a row that sees no key
   if (lim > 0) exp_row(s, (lim + W - 1) / W * W, lse2);  // n is a multiple of W, so <= n
   fill_row(s, lim, n, 0.0f);
 }
 
 // ---- Flash backward -------------------------------------------------------------------------
-// One item: (batch, kv head, chunk of key tiles). For each key tile, dK and dV accumulate in
-// registers-and-L1 tiles over every query tile and every query head of the group; dQ
-// contributions go to this chunk's own partial buffer. A last pass sums the chunks' partials
-// in chunk order, so no result depends on which thread ran what.
+// One item: (batch, kv head, chunk of key tiles). For each key tile, score tiles are
+// recomputed from Q, K and the saved LSE (P = exp2(S - L)), and dK and dV accumulate in
+// per-thread tiles over every query tile and every query head of the group (GQA sums there).
+// dQ contributions go to this chunk's own partial buffer; a last pass sums the chunks'
+// partials in chunk order. Chunks depend on the problem only, so no result depends on the
+// thread count or on which thread ran what. (Recomputing dQ in a second pass over query tiles
+// would need no partial buffers but two more GEMMs per tile pair: 40% more work.)
 
 template <class E>
 void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
@@ -528,8 +529,8 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   const float* lse2_all = shared_at(ws, pl.lse2);
   const float* delta_all = shared_at(ws, pl.delta);
   // This chunk's partial dQ for the group's query heads: [G, Nq, dp], contiguous.
-  float* dq_part = shared_at(ws, pl.dq_part) +
-                   ((chunk * p.batch + b) * p.heads_q + hk * G) * Nq * dp;
+  float* dq_part =
+      shared_at(ws, pl.dq_part) + ((chunk * p.batch + b) * p.heads_q + hk * G) * Nq * dp;
   std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
 
   const float kmul = p.scale * kLog2e;
@@ -542,7 +543,8 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
     const int ncp = vec_round(ncols);
     pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, kmul);
     pack_transposed<E>(Vt, kBlockK, a.v, b, j0, ncols, ncp, hk, d, 1.0f);
-    for (int j = 0; j < ncols; ++j) pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
+    for (int j = 0; j < ncols; ++j)
+      pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
     std::fill(dK, dK + static_cast<size_t>(ncols) * dp, 0.0f);
     std::fill(dV, dV + static_cast<size_t>(ncols) * dp, 0.0f);
     // Under the causal mask, query i sees key j0 only when i >= j0 - off.
@@ -559,7 +561,8 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
         gemm(rows, ncp, d, Q, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, d, dO, dp, 1, Vt, kBlockK, dS, kBlockK, false);
         for (int r = 0; r < rows; ++r) {
-          const int64_t lim = std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
+          const int64_t lim =
+              std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
           probs_row(P + r * kBlockK, lim, ncp, lse2_all[row_base + i0 + r]);
           ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row_base + i0 + r]);
         }
@@ -584,7 +587,8 @@ void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item
   const int64_t i0 = it.qt * kBlockQ;
   const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
   const int64_t chunk_stride = p.batch * p.heads_q * p.seqlen_q * dp;
-  const float* part = shared_at(ws, pl.dq_part) + ((it.b * p.heads_q + it.h) * p.seqlen_q + i0) * dp;
+  const float* part =
+      shared_at(ws, pl.dq_part) + ((it.b * p.heads_q + it.h) * p.seqlen_q + i0) * dp;
   float acc[256];  // head_dim <= 256
   for (int r = 0; r < rows; ++r) {
     const float* row = part + r * dp;
@@ -646,7 +650,8 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
     ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
   }
   gemm(rows, dp, p.seqlen_k, dS, nkp, 1, K, dp, dQ, dp, false);
-  for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
+  for (int r = 0; r < rows; ++r)
+    store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
 }
 
 template <class E>
@@ -699,27 +704,31 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
     pack_kv_item<E>(p, pl, a.v, vt_all, nullptr, 1.0f, item);
   });
   pool.parallel_for(q_items, [&](int64_t item, int) { pack_q_item<E>(a, pl, ws, item); });
-  pool.parallel_for(q_items, [&](int64_t item, int worker) {
-    standard_dq_item<E>(a, pl, ws, item, worker);
-  });
-  pool.parallel_for(k_items, [&](int64_t item, int worker) {
-    standard_dkv_item<E>(a, pl, ws, item, worker);
-  });
+  pool.parallel_for(
+      q_items, [&](int64_t item, int worker) { standard_dq_item<E>(a, pl, ws, item, worker); });
+  pool.parallel_for(
+      k_items, [&](int64_t item, int worker) { standard_dkv_item<E>(a, pl, ws, item, worker); });
 }
 
 void forward(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
   switch (a.problem.dtype) {
-    case DType::F32: return forward_typed<F32>(a, pl, ws, pool);
-    case DType::F16: return forward_typed<F16>(a, pl, ws, pool);
-    case DType::BF16: return forward_typed<BF16>(a, pl, ws, pool);
+    case DType::F32:
+      return forward_typed<F32>(a, pl, ws, pool);
+    case DType::F16:
+      return forward_typed<F16>(a, pl, ws, pool);
+    case DType::BF16:
+      return forward_typed<BF16>(a, pl, ws, pool);
   }
 }
 
 void backward(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
   switch (a.problem.dtype) {
-    case DType::F32: return backward_typed<F32>(a, pl, ws, pool);
-    case DType::F16: return backward_typed<F16>(a, pl, ws, pool);
-    case DType::BF16: return backward_typed<BF16>(a, pl, ws, pool);
+    case DType::F32:
+      return backward_typed<F32>(a, pl, ws, pool);
+    case DType::F16:
+      return backward_typed<F16>(a, pl, ws, pool);
+    case DType::BF16:
+      return backward_typed<BF16>(a, pl, ws, pool);
   }
 }
 

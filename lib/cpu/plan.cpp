@@ -131,9 +131,10 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
   }
   plan.thread_bytes = sz.align(thread.end, "a thread's scratch");
   plan.thread_base = sz.align(shared.end, "the shared scratch");
-  plan.total = sz.add(plan.thread_base, sz.mul({plan.threads, static_cast<int64_t>(plan.thread_bytes)},
-                                               "the per-thread scratch"),
-                      "the workspace");
+  plan.total = sz.add(
+      plan.thread_base,
+      sz.mul({plan.threads, static_cast<int64_t>(plan.thread_bytes)}, "the per-thread scratch"),
+      "the workspace");
   return plan;
 }
 

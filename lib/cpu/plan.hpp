@@ -11,9 +11,9 @@
 namespace flashattn {
 namespace cpu {
 
-constexpr int kBlockQ = 64;   // query rows per tile
-constexpr int kBlockK = 64;   // keys per tile
-constexpr int kPad = 16;      // head dims and materialized rows padded to 16 floats (64 bytes)
+constexpr int kBlockQ = 64;  // query rows per tile
+constexpr int kBlockK = 64;  // keys per tile
+constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
 constexpr int kMaxQueryGroup = 4;  // flash forward: query tiles sharing each K/V tile load
@@ -26,25 +26,25 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // a given algorithm does not use are left at 0 size.
 struct Plan {
   int threads = 1;
-  int64_t dp = 0;          // head_dim rounded up to kPad
-  int64_t nk_pad = 0;      // seqlen_k rounded up to kPad (rows of materialized S/P)
-  int64_t tiles_q = 0;     // ceil(seqlen_q / kBlockQ)
-  int64_t tiles_k = 0;     // ceil(seqlen_k / kBlockK)
-  int64_t key_chunks = 1;  // flash backward: key tiles are split into this many chunks
-  int64_t query_group = 1; // flash forward: query tiles per work item (at most kMaxQueryGroup)
+  int64_t dp = 0;           // head_dim rounded up to kPad
+  int64_t nk_pad = 0;       // seqlen_k rounded up to kPad (rows of materialized S/P)
+  int64_t tiles_q = 0;      // ceil(seqlen_q / kBlockQ)
+  int64_t tiles_k = 0;      // ceil(seqlen_k / kBlockK)
+  int64_t key_chunks = 1;   // flash backward: key tiles are split into this many chunks
+  int64_t query_group = 1;  // flash forward: query tiles per work item (at most kMaxQueryGroup)
 
   // Shared regions (fp32).
-  size_t lse2 = 0;      // backward: [B, Hq, Nq] LSE in log2 units
-  size_t delta = 0;     // backward: [B, Hq, Nq] rowsum(dO * O)
-  size_t dq_part = 0;   // flash backward: [chunks, B, Hq, Nq, dp] partial dQ
-  size_t q_all = 0;     // standard backward: [B, Hq, Nq, dp]
-  size_t do_all = 0;    // standard backward: [B, Hq, Nq, dp]
-  size_t k_all = 0;     // standard backward: [B, Hkv, Nk, dp]
-  size_t kt_all = 0;    // standard: [B, Hkv, d, nk_pad] (K transposed)
-  size_t v_all = 0;     // standard forward: [B, Hkv, Nk, dp]
-  size_t vt_all = 0;    // standard backward: [B, Hkv, d, nk_pad]
-  size_t s_all = 0;     // standard: [B, Hq, Nq, nk_pad] scores, then probabilities
-  size_t ds_all = 0;    // standard backward: [B, Hq, Nq, nk_pad] dP, then dS
+  size_t lse2 = 0;     // backward: [B, Hq, Nq] LSE in log2 units
+  size_t delta = 0;    // backward: [B, Hq, Nq] rowsum(dO * O)
+  size_t dq_part = 0;  // flash backward: [chunks, B, Hq, Nq, dp] partial dQ
+  size_t q_all = 0;    // standard backward: [B, Hq, Nq, dp]
+  size_t do_all = 0;   // standard backward: [B, Hq, Nq, dp]
+  size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
+  size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
+  size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dp]
+  size_t vt_all = 0;   // standard backward: [B, Hkv, d, nk_pad]
+  size_t s_all = 0;    // standard: [B, Hq, Nq, nk_pad] scores, then probabilities
+  size_t ds_all = 0;   // standard backward: [B, Hq, Nq, nk_pad] dP, then dS
 
   // Per-thread regions (fp32), offsets inside one thread's area.
   size_t t_q = 0, t_do = 0, t_o = 0, t_s = 0, t_dp = 0;

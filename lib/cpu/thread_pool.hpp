@@ -33,7 +33,8 @@ class ThreadPool {
   template <class Body>
   void parallel_for(int64_t count, Body&& body) {
     using B = typename std::remove_reference<Body>::type;
-    run(count, [](void* ctx, int64_t item, int worker) { (*static_cast<B*>(ctx))(item, worker); },
+    run(
+        count, [](void* ctx, int64_t item, int worker) { (*static_cast<B*>(ctx))(item, worker); },
         const_cast<void*>(static_cast<const void*>(&body)));
   }
 

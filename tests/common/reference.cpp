@@ -53,8 +53,9 @@ double row_probs(const RefProblem& p, const Index& ix, const std::vector<double>
 }  // namespace
 
 double library_scale(int64_t head_dim, float requested) {
-  const float s = requested != 0.0f ? requested
-                                    : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float s = requested != 0.0f
+                      ? requested
+                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   return static_cast<double>(s);
 }
 
@@ -100,7 +101,8 @@ void reference_backward(const RefProblem& p, const std::vector<double>& q,
         double dot = 0.0;
         for (int64_t j = 0; j < n; ++j) {
           double s = 0.0;
-          for (int64_t x = 0; x < p.head_dim; ++x) s += dout[ix.q(b, i, h, x)] * v[ix.k(b, j, hk, x)];
+          for (int64_t x = 0; x < p.head_dim; ++x)
+            s += dout[ix.q(b, i, h, x)] * v[ix.k(b, j, hk, x)];
           dprob[j] = s;
           dot += prob[j] * s;
         }

@@ -15,7 +15,7 @@ struct RefProblem {
   int64_t heads_q = 1;
   int64_t heads_kv = 1;
   int64_t head_dim = 1;
-  double scale = 1.0;  // pass the fp32 value the library uses (see library_scale)
+  double scale = 1.0;   // pass the fp32 value the library uses (see library_scale)
   bool causal = false;  // bottom-right aligned: key j hidden from query i when j > i + Nk - Nq
 };
 

@@ -24,8 +24,7 @@ struct Rng {
 };
 
 // The bytes a view spans from its first element to its last.
-size_t span_bytes(flashattn_dtype_t dtype, int rank, const int64_t* shape,
-                  const int64_t* strides) {
+size_t span_bytes(flashattn_dtype_t dtype, int rank, const int64_t* shape, const int64_t* strides) {
   int64_t last = 0;
   for (int i = 0; i < rank; ++i) last += (shape[i] - 1) * strides[i];
   return static_cast<size_t>(last + 1) * dtype_bytes(dtype);
@@ -39,9 +38,12 @@ std::shared_ptr<std::vector<unsigned char>> new_storage(size_t bytes) {
 
 const char* dtype_label(flashattn_dtype_t dtype) {
   switch (dtype) {
-    case FLASHATTN_DTYPE_FLOAT32: return "float32";
-    case FLASHATTN_DTYPE_FLOAT16: return "float16";
-    case FLASHATTN_DTYPE_BFLOAT16: return "bfloat16";
+    case FLASHATTN_DTYPE_FLOAT32:
+      return "float32";
+    case FLASHATTN_DTYPE_FLOAT16:
+      return "float16";
+    case FLASHATTN_DTYPE_BFLOAT16:
+      return "bfloat16";
   }
   return "unknown";
 }
@@ -51,9 +53,12 @@ size_t dtype_bytes(flashattn_dtype_t dtype) { return dtype == FLASHATTN_DTYPE_FL
 double round_to(flashattn_dtype_t dtype, double value) {
   const float f = static_cast<float>(value);
   switch (dtype) {
-    case FLASHATTN_DTYPE_FLOAT32: return f;
-    case FLASHATTN_DTYPE_FLOAT16: return flashattn::fp16_to_float(flashattn::float_to_fp16(f));
-    case FLASHATTN_DTYPE_BFLOAT16: return flashattn::bf16_to_float(flashattn::float_to_bf16(f));
+    case FLASHATTN_DTYPE_FLOAT32:
+      return f;
+    case FLASHATTN_DTYPE_FLOAT16:
+      return flashattn::fp16_to_float(flashattn::float_to_fp16(f));
+    case FLASHATTN_DTYPE_BFLOAT16:
+      return flashattn::bf16_to_float(flashattn::float_to_bf16(f));
   }
   return value;
 }
@@ -137,7 +142,8 @@ double HostTensor::load(size_t byte) const {
   }
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return dtype_ == FLASHATTN_DTYPE_FLOAT16 ? flashattn::fp16_to_float(h) : flashattn::bf16_to_float(h);
+  return dtype_ == FLASHATTN_DTYPE_FLOAT16 ? flashattn::fp16_to_float(h)
+                                           : flashattn::bf16_to_float(h);
 }
 
 void HostTensor::store(size_t byte, double value) {
@@ -147,8 +153,8 @@ void HostTensor::store(size_t byte, double value) {
     std::memcpy(p, &f, 4);
     return;
   }
-  const uint16_t h = dtype_ == FLASHATTN_DTYPE_FLOAT16 ? flashattn::float_to_fp16(f)
-                                                       : flashattn::float_to_bf16(f);
+  const uint16_t h =
+      dtype_ == FLASHATTN_DTYPE_FLOAT16 ? flashattn::float_to_fp16(f) : flashattn::float_to_bf16(f);
   std::memcpy(p, &h, 2);
 }
 
@@ -167,12 +173,15 @@ void HostTensor::for_each(F&& f) const {
 
 std::vector<double> HostTensor::to_double() const {
   std::vector<double> out(static_cast<size_t>(numel()));
-  for_each([&](const int64_t* idx, int64_t pos) { out[static_cast<size_t>(pos)] = load(byte_at(idx)); });
+  for_each(
+      [&](const int64_t* idx, int64_t pos) { out[static_cast<size_t>(pos)] = load(byte_at(idx)); });
   return out;
 }
 
 void HostTensor::from_double(const std::vector<double>& values) {
-  for_each([&](const int64_t* idx, int64_t pos) { store(byte_at(idx), values[static_cast<size_t>(pos)]); });
+  for_each([&](const int64_t* idx, int64_t pos) {
+    store(byte_at(idx), values[static_cast<size_t>(pos)]);
+  });
 }
 
 void HostTensor::fill_normal(uint64_t seed, double mean, double stddev) {

@@ -78,8 +78,7 @@ class HostTensor {
  private:
   static HostTensor with_layout(flashattn_dtype_t dtype, int rank, const int64_t* shape,
                                 const int64_t* strides,
-                                std::shared_ptr<std::vector<unsigned char>> storage,
-                                size_t offset);
+                                std::shared_ptr<std::vector<unsigned char>> storage, size_t offset);
   size_t byte_at(const int64_t* idx) const;
   double load(size_t byte) const;
   void store(size_t byte, double value);

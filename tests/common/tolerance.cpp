@@ -44,9 +44,12 @@ Comparison size_mismatch(const std::string& what, size_t a, size_t b) {
 
 double dtype_atol(flashattn_dtype_t dtype) {
   switch (dtype) {
-    case FLASHATTN_DTYPE_FLOAT32: return 1e-6;
-    case FLASHATTN_DTYPE_FLOAT16: return 1e-3;
-    case FLASHATTN_DTYPE_BFLOAT16: return 8e-3;
+    case FLASHATTN_DTYPE_FLOAT32:
+      return 1e-6;
+    case FLASHATTN_DTYPE_FLOAT16:
+      return 1e-3;
+    case FLASHATTN_DTYPE_BFLOAT16:
+      return 8e-3;
   }
   return 0.0;
 }
@@ -78,8 +81,9 @@ Comparison check_rule(const std::string& what, const std::vector<double>& got,
   c.bound = 2.0 * b.error + atol * std::max(1.0, max_abs(ref));
   c.ok = g.error <= c.bound;
   char buf[200];
-  std::snprintf(buf, sizeof buf, ": max |got - ref| = %.3g, bound %.3g (2 x base error %.3g + floor)",
-                g.error, c.bound, b.error);
+  std::snprintf(buf, sizeof buf,
+                ": max |got - ref| = %.3g, bound %.3g (2 x base error %.3g + floor)", g.error,
+                c.bound, b.error);
   c.message = what + buf + where(got, ref, g.index);
   if (b.error > 0 && std::isinf(b.error)) c.message += " (the base result itself has NaN/inf)";
   return c;
@@ -105,7 +109,8 @@ Comparison check_no_nan(const std::string& what, const std::vector<double>& got)
     if (std::isnan(got[i])) {
       c.ok = false;
       c.error = std::numeric_limits<double>::infinity();
-      c.message = what + ": element " + std::to_string(i) + " is NaN (not written, or computed as NaN)";
+      c.message =
+          what + ": element " + std::to_string(i) + " is NaN (not written, or computed as NaN)";
       return c;
     }
   }

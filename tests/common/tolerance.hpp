@@ -30,8 +30,7 @@ double element_error(double a, double b);
 
 // The rule above. All three vectors hold the same logical elements.
 Comparison check_rule(const std::string& what, const std::vector<double>& got,
-                      const std::vector<double>& base, const std::vector<double>& ref,
-                      double atol);
+                      const std::vector<double>& base, const std::vector<double>& ref, double atol);
 
 // max |got - ref| <= tol (for a base result itself, or against finite differences).
 Comparison check_close(const std::string& what, const std::vector<double>& got,

@@ -18,13 +18,12 @@ CpuContext::~CpuContext() { flashattn_context_destroy(ctx_); }
 std::string Case::name() const {
   static const char* const layouts[] = {"contiguous", "padded", "packed-qkv", "broadcast-kv"};
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "%s B=%lld Nq=%lld Nk=%lld Hq=%lld Hkv=%lld D=%lld%s scale=%g %s threads=%d",
-                dtype_label(dtype), static_cast<long long>(batch), static_cast<long long>(seqlen_q),
-                static_cast<long long>(seqlen_k), static_cast<long long>(heads_q),
-                static_cast<long long>(heads_kv), static_cast<long long>(head_dim),
-                causal ? " causal" : "", static_cast<double>(scale),
-                layouts[static_cast<int>(layout)], threads);
+  std::snprintf(
+      buf, sizeof buf, "%s B=%lld Nq=%lld Nk=%lld Hq=%lld Hkv=%lld D=%lld%s scale=%g %s threads=%d",
+      dtype_label(dtype), static_cast<long long>(batch), static_cast<long long>(seqlen_q),
+      static_cast<long long>(seqlen_k), static_cast<long long>(heads_q),
+      static_cast<long long>(heads_kv), static_cast<long long>(head_dim), causal ? " causal" : "",
+      static_cast<double>(scale), layouts[static_cast<int>(layout)], threads);
   return buf;
 }
 
@@ -44,7 +43,8 @@ RefProblem Case::ref() const {
 namespace {
 
 HostTensor shaped(const Case& c, int64_t n, int64_t h) {
-  if (c.layout == Layout::Padded) return HostTensor::padded(c.dtype, c.batch, n, h, c.head_dim, 3, 5, 7);
+  if (c.layout == Layout::Padded)
+    return HostTensor::padded(c.dtype, c.batch, n, h, c.head_dim, 3, 5, 7);
   return HostTensor::make(c.dtype, c.batch, n, h, c.head_dim);
 }
 
@@ -55,7 +55,8 @@ Inputs make_inputs(const Case& c) {
   switch (c.layout) {
     case Layout::PackedQKV: {
       REQUIRE(c.seqlen_q == c.seqlen_k);
-      auto qkv = HostTensor::packed_qkv(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim);
+      auto qkv =
+          HostTensor::packed_qkv(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim);
       in.q = qkv[0];
       in.k = qkv[1];
       in.v = qkv[2];
@@ -145,7 +146,9 @@ void expect(const Comparison& cmp, const Case& c) {
 // What the standard algorithm may miss the reference by: output rounding to the dtype plus
 // fp32 accumulation, relative to the largest magnitude.
 double standard_tolerance(flashattn_dtype_t dtype, const std::vector<double>& ref) {
-  const double unit = dtype == FLASHATTN_DTYPE_FLOAT32 ? 2e-5 : dtype == FLASHATTN_DTYPE_FLOAT16 ? 2e-3 : 1.6e-2;
+  const double unit = dtype == FLASHATTN_DTYPE_FLOAT32   ? 2e-5
+                      : dtype == FLASHATTN_DTYPE_FLOAT16 ? 2e-3
+                                                         : 1.6e-2;
   return unit * std::max(1.0, max_abs(ref));
 }
 
@@ -156,7 +159,8 @@ void check_forward(const Case& c) {
   CpuContext ctx(c.threads);
   const Inputs in = make_inputs(c);
   std::vector<double> ref_out, ref_lse;
-  reference_forward(c.ref(), in.q.to_double(), in.k.to_double(), in.v.to_double(), &ref_out, &ref_lse);
+  reference_forward(c.ref(), in.q.to_double(), in.k.to_double(), in.v.to_double(), &ref_out,
+                    &ref_lse);
   const ForwardResult flash = run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_FLASH);
   const ForwardResult standard = run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_STANDARD);
   const auto f_out = flash.out.to_double(), s_out = standard.out.to_double();
@@ -168,7 +172,9 @@ void check_forward(const Case& c) {
   expect(check_rule("flash out", f_out, s_out, ref_out, dtype_atol(c.dtype)), c);
   expect(check_rule("flash lse", f_lse, s_lse, ref_lse, dtype_atol(FLASHATTN_DTYPE_FLOAT32)), c);
   expect(check_close("standard out", s_out, ref_out, standard_tolerance(c.dtype, ref_out)), c);
-  expect(check_close("standard lse", s_lse, ref_lse, standard_tolerance(FLASHATTN_DTYPE_FLOAT32, ref_lse)), c);
+  expect(check_close("standard lse", s_lse, ref_lse,
+                     standard_tolerance(FLASHATTN_DTYPE_FLOAT32, ref_lse)),
+         c);
   // Rows that see no key: exactly 0 and -inf, in both algorithms.
   const int64_t D = c.head_dim;
   for (int64_t b = 0; b < c.batch; ++b)
@@ -195,7 +201,8 @@ void check_backward(const Case& c) {
   const ForwardResult f_fwd = run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_FLASH);
   const BackwardResult flash = run_backward(ctx.get(), c, in, f_fwd, FLASHATTN_ALGORITHM_FLASH);
   const ForwardResult s_fwd = run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_STANDARD);
-  const BackwardResult standard = run_backward(ctx.get(), c, in, s_fwd, FLASHATTN_ALGORITHM_STANDARD);
+  const BackwardResult standard =
+      run_backward(ctx.get(), c, in, s_fwd, FLASHATTN_ALGORITHM_STANDARD);
   const double atol = dtype_atol(c.dtype);
   const struct {
     const char* name;
@@ -210,7 +217,9 @@ void check_backward(const Case& c) {
     expect(check_no_nan(std::string("flash ") + g.name, got), c);
     expect(check_no_nan(std::string("standard ") + g.name, base), c);
     expect(check_rule(std::string("flash ") + g.name, got, base, g.ref, atol), c);
-    expect(check_close(std::string("standard ") + g.name, base, g.ref, standard_tolerance(c.dtype, g.ref)), c);
+    expect(check_close(std::string("standard ") + g.name, base, g.ref,
+                       standard_tolerance(c.dtype, g.ref)),
+           c);
   }
 }
 

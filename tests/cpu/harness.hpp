@@ -29,9 +29,9 @@ class CpuContext {
 
 enum class Layout {
   Contiguous,
-  Padded,          // every tensor, outputs included, with gaps between heads, rows, batches
-  PackedQKV,       // q, k, v slices of one [B, N, Hq + 2 Hkv, D] allocation (needs Nq == Nk)
-  BroadcastKV,     // k and v with batch stride 0
+  Padded,       // every tensor, outputs included, with gaps between heads, rows, batches
+  PackedQKV,    // q, k, v slices of one [B, N, Hq + 2 Hkv, D] allocation (needs Nq == Nk)
+  BroadcastKV,  // k and v with batch stride 0
 };
 
 struct Case {
