@@ -57,38 +57,24 @@ int padded_head_dim(int64_t head_dim) {
   return 0;
 }
 
-int fwd_smem(int hdim) {
+// Shared memory per CTA of a kernel family's configuration for a padded head dim.
+template <template <int> class Cfg>
+int smem_of(int hdim) {
   switch (hdim) {
-    case 64: return sm80::FwdConfig<64>::kSmemBytes;
-    case 96: return sm80::FwdConfig<96>::kSmemBytes;
-    case 128: return sm80::FwdConfig<128>::kSmemBytes;
-    case 192: return sm80::FwdConfig<192>::kSmemBytes;
-    case 256: return sm80::FwdConfig<256>::kSmemBytes;
+    case 64: return Cfg<64>::kSmemBytes;
+    case 96: return Cfg<96>::kSmemBytes;
+    case 128: return Cfg<128>::kSmemBytes;
+    case 192: return Cfg<192>::kSmemBytes;
+    case 256: return Cfg<256>::kSmemBytes;
   }
   return 0;
 }
 
-int sm90_fwd_smem(int hdim) {
-  switch (hdim) {
-    case 64: return sm90::FwdConfig<64>::kSmemBytes;
-    case 96: return sm90::FwdConfig<96>::kSmemBytes;
-    case 128: return sm90::FwdConfig<128>::kSmemBytes;
-    case 192: return sm90::FwdConfig<192>::kSmemBytes;
-    case 256: return sm90::FwdConfig<256>::kSmemBytes;
-  }
-  return 0;
-}
+int fwd_smem(int hdim) { return smem_of<sm80::FwdConfig>(hdim); }
 
-int bwd_smem(int hdim) {
-  switch (hdim) {
-    case 64: return sm80::BwdConfig<64>::kSmemBytes;
-    case 96: return sm80::BwdConfig<96>::kSmemBytes;
-    case 128: return sm80::BwdConfig<128>::kSmemBytes;
-    case 192: return sm80::BwdConfig<192>::kSmemBytes;
-    case 256: return sm80::BwdConfig<256>::kSmemBytes;
-  }
-  return 0;
-}
+int sm90_fwd_smem(int hdim) { return smem_of<sm90::FwdConfig>(hdim); }
+
+int bwd_smem(int hdim) { return smem_of<sm80::BwdConfig>(hdim); }
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {

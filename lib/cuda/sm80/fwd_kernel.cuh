@@ -17,19 +17,6 @@
 namespace flashattn {
 namespace sm80 {
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_min(float x) {
-  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // Writes output 0 and LSE -inf for the rows of a query block that no key may attend to.
 template <class T, class Cfg>
 __device__ void write_empty_block(const cuda::FwdParams& p, T* og, float* lse_g, int rows) {

@@ -43,18 +43,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_min(float x) {
-  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Named barrier over `threads` threads (id 0 is __syncthreads').
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

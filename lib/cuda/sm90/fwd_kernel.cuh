@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/sm80/fwd_kernel.cuh"  // write_empty_block
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/arch.cuh"
@@ -71,21 +72,7 @@ __global__ void __launch_bounds__(128, 2) fwd_kernel(const cuda::FwdParams p) {
     n_blocks = last_visible < 0 ? 0 : min(n_blocks, last_visible / kBlockN + 1);
   }
   if (n_blocks <= 0) {  // no key is visible to any row: output 0, LSE -inf
-    constexpr int kChunks = kHeadDim / 8;
-    for (int idx = tid; idx < kBlockM * kChunks; idx += Cfg::kNThreads) {
-      const int r = idx / kChunks, c = (idx % kChunks) * 8;
-      if (r < rows && c < p.head_dim) {
-        T* dst = og + int64_t(r) * p.o_row_stride + c;
-        if (c + 8 <= p.head_dim) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-        } else {
-          for (int e = 0; e < p.head_dim - c; ++e) dst[e] = T(0.0f);
-        }
-      }
-    }
-    if (lse_g != nullptr) {
-      for (int r = tid; r < rows; r += Cfg::kNThreads) lse_g[r * p.lse_row_stride] = -INFINITY;
-    }
+    sm80::write_empty_block<T, Cfg>(p, og, lse_g, rows);
     return;
   }
 
@@ -162,7 +149,7 @@ __global__ void __launch_bounds__(128, 2) fwd_kernel(const cuda::FwdParams p) {
           const float s = acc_s[4 * j + 2 * hh + e];
           ext = neg_scale ? fminf(ext, s) : fmaxf(ext, s);
         }
-      ext = neg_scale ? quad_min(ext) : quad_max(ext);
+      ext = neg_scale ? sm80::quad_min(ext) : sm80::quad_max(ext);
       const float m_new = fmaxf(row_max[hh], ext * p.scale_log2);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
       const float corr = sm80::exp2_approx(row_max[hh] - m_use);
@@ -215,7 +202,7 @@ __global__ void __launch_bounds__(128, 2) fwd_kernel(const cuda::FwdParams p) {
   __syncthreads();  // every warp is done with sQ
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const float l = quad_sum(row_sum[hh]);
+    const float l = sm80::quad_sum(row_sum[hh]);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int r = warp * 16 + g + hh * 8;
 #pragma unroll
