@@ -66,6 +66,80 @@ TEST_SUITE("threads") {
     CHECK(failures_b == 0);
   }
 
+  TEST_CASE("several threads, each its own context, hammer forward and backward: results as alone") {
+    // Different shapes per thread (GQA, causal, uneven lengths), forward then backward on the
+    // forward's output; every result must equal, bit for bit, what the same context computed
+    // with no other thread running.
+    constexpr int kThreads = 4;
+    constexpr int kRounds = 12;
+    struct Job {
+      Shape shape;
+      bool causal;
+    };
+    const Job jobs[kThreads] = {
+        {{2, 33, 47, 4, 2, 32}, false},
+        {{1, 64, 64, 2, 2, 64}, true},
+        {{3, 17, 9, 6, 1, 16}, true},
+        {{1, 100, 37, 2, 1, 40}, false},
+    };
+    struct Result {
+      std::vector<float> out, lse, dq, dk, dv;
+      bool operator==(const Result& o) const {
+        auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+        };
+        return same(out, o.out) && same(lse, o.lse) && same(dq, o.dq) && same(dk, o.dk) &&
+               same(dv, o.dv);
+      }
+    };
+    std::vector<Context> contexts(kThreads);
+    std::vector<Backward> work;
+    std::vector<flashattn_options_t> opts(kThreads);
+    for (int i = 0; i < kThreads; ++i) work.emplace_back(jobs[i].shape, 300 + 10 * i);
+    auto run = [&](int i, Result* r) {
+      Backward& w = work[i];
+      poison(w.out);
+      poison(w.lse);
+      poison(w.dq);
+      poison(w.dk);
+      poison(w.dv);
+      const flashattn_status_t a = static_cast<Forward&>(w).run(contexts[i], &opts[i]);
+      const flashattn_status_t b = w.run(contexts[i], &opts[i]);
+      *r = Result{w.out, w.lse, w.dq, w.dk, w.dv};
+      return a == FLASHATTN_SUCCESS && b == FLASHATTN_SUCCESS;
+    };
+    std::vector<Result> alone(kThreads);
+    for (int i = 0; i < kThreads; ++i) {
+      REQUIRE_OK(flashattn_options_init(&opts[i]));
+      opts[i].causal = jobs[i].causal ? 1 : 0;
+      REQUIRE(run(i, &alone[i]));
+      CHECK(max_error(work[i].tout, reference_forward(work[i].tq, work[i].tk, work[i].tv, 0.0,
+                                                      jobs[i].causal).out) <= kFp32Tolerance);
+    }
+    std::atomic<int> go{0};
+    std::vector<int> failures(kThreads, 0);
+    std::vector<std::string> first(kThreads);
+    auto worker = [&](int i) {
+      go.fetch_add(1);
+      while (go.load() < kThreads) {
+      }  // start together
+      for (int r = 0; r < kRounds; ++r) {
+        Result got;
+        const bool ok = run(i, &got);
+        if ((!ok || !(got == alone[i])) && failures[i]++ == 0) {
+          first[i] = ok ? "results differ" : std::string(flashattn_last_error());
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) threads.emplace_back(worker, i);
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < kThreads; ++i) {
+      INFO("thread " << i << ": " << first[i]);
+      CHECK(failures[i] == 0);
+    }
+  }
+
   TEST_CASE("one context raced by two threads: SUCCESS or CONTEXT_BUSY, and right results") {
     Context ctx;
     const Shape s = thread_shape();
