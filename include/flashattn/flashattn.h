@@ -207,7 +207,9 @@ FLASHATTN_API flashattn_status_t flashattn_context_synchronize(flashattn_context
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory owned by the library, for callers with no array type of their own. A CUDA
  * context's buffers are device memory of its device; a CPU context's are host memory. Both are
- * aligned to 256 bytes. A view whose data lies in a buffer is checked against the buffer's end. */
+ * aligned to 256 bytes. A view whose data lies in a buffer is checked against the buffer's end.
+ * A CUDA buffer may be used only with the context that created it (another context's work would
+ * not be ordered against the stream the buffer is freed on): FLASHATTN_ERROR_INVALID_MEMORY. */
 
 typedef struct flashattn_buffer *flashattn_buffer_t;
 
@@ -296,8 +298,9 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
 
 /* ------------------------------------------------------------------------------------------ */
 /* Options. The struct starts with its own size; fields are only ever appended. The library
- * reads the first `size` bytes it knows of and defaults the rest; a larger size from a newer
- * header is accepted when the bytes it does not know are all zero. */
+ * reads the first `size` bytes it knows of and defaults the rest (a size must end at a field's
+ * end); a larger size from a newer header is accepted when the bytes it does not know are all
+ * zero. */
 
 typedef struct flashattn_options {
   size_t size;             /* sizeof(flashattn_options_t) as the caller compiled it */

@@ -93,6 +93,14 @@ void check_memory(const ContextState& state, const std::vector<CheckedView>& vie
              "%s: points into a buffer of another context's %s memory", v.name,
              range.owner->backend->kind() == FLASHATTN_BACKEND_CUDA ? "device" : "host");
       }
+      if (range.owner != &state && state.backend->kind() == FLASHATTN_BACKEND_CUDA) {
+        // Work on this context's stream would not be ordered against the other context's
+        // stream, which frees the buffer. (CPU work is finished on return: no such hazard.)
+        fail(FLASHATTN_ERROR_INVALID_MEMORY,
+             "%s: points into a buffer of another context (use a buffer with the context that "
+             "created it)",
+             v.name);
+      }
       const size_t offset = reinterpret_cast<uintptr_t>(v.view->data) - range.begin;
       if (v.extent_bytes > range.size - offset) {
         fail(FLASHATTN_ERROR_INVALID_MEMORY,

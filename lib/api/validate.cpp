@@ -283,6 +283,20 @@ flashattn_options_t read_options(const flashattn_options_t* options) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: size %zu is not a plausible struct size",
          size);
   }
+  // A size that ends inside a field would hand the library half a value.
+  const size_t field_ends[] = {offsetof(flashattn_options_t, softmax_scale) + sizeof(float),
+                               offsetof(flashattn_options_t, causal) + sizeof(int32_t),
+                               offsetof(flashattn_options_t, algorithm) + sizeof(int32_t),
+                               offsetof(flashattn_options_t, deterministic) + sizeof(int32_t)};
+  if (size > sizeof(size_t) && size < sizeof(o)) {
+    bool at_field_end = false;
+    for (size_t end : field_ends) at_field_end = at_field_end || size == end;
+    if (!at_field_end) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "options: size %zu ends inside a field (fields end at 12, 16, 20 and %zu bytes)", size,
+           sizeof(o));
+    }
+  }
   const auto* bytes = reinterpret_cast<const unsigned char*>(options);
   for (size_t i = sizeof(o); i < size; ++i) {
     if (bytes[i] != 0) {

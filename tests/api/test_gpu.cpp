@@ -177,6 +177,23 @@ TEST_SUITE("gpu") {
     flashattn_buffer_destroy(hb);
   }
 
+  TEST_CASE("a buffer of another CUDA context is INVALID_MEMORY") {
+    // Work on one context's stream is not ordered against the other's, which frees the buffer.
+    Context a(FLASHATTN_BACKEND_CUDA), b(FLASHATTN_BACKEND_CUDA);
+    Forward host;
+    DeviceForward dev(b, host);
+    flashattn_buffer_t other = nullptr;
+    REQUIRE_OK(flashattn_buffer_create(&other, a, dev.q.size() * 2));
+    void* p = nullptr;
+    REQUIRE_OK(flashattn_buffer_data(&p, other));
+    flashattn_tensor_t q = dev.tq;
+    q.data = p;
+    EXPECT_STATUS(flashattn_forward(b, &q, &dev.tk, &dev.tv, &dev.tout, &dev.tlse, nullptr,
+                                    nullptr, 0),
+                  FLASHATTN_ERROR_INVALID_MEMORY, "q: points into a buffer of another context");
+    flashattn_buffer_destroy(other);
+  }
+
   TEST_CASE("a view past the end of a device buffer is INVALID_MEMORY") {
     Context ctx(FLASHATTN_BACKEND_CUDA);
     Forward host;
