@@ -83,9 +83,13 @@ struct BwdWorkspace {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// Query rows are rounded up to 128, the largest query block of a backward kernel, so that a
+// kernel's last block reads its rows' statistics inside the head they belong to.
+int64_t bwd_rows_rounded(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128; }
+
 BwdWorkspace bwd_workspace(const Problem& p) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
-                      static_cast<size_t>((p.seqlen_q + 63) / 64 * 64);
+                      static_cast<size_t>(bwd_rows_rounded(p.seqlen_q));
   const size_t hdim = static_cast<size_t>(padded_head_dim(p.head_dim));
   BwdWorkspace w;
   w.dq_accum = 0;
@@ -342,7 +346,7 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.heads_kv = static_cast<int>(pr.heads_kv);
   p.group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.head_dim = static_cast<int>(pr.head_dim);
-  p.seqlen_q_rounded = static_cast<int>((pr.seqlen_q + 63) / 64 * 64);
+  p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
   p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
   p.head_dim_padded = padded_head_dim(pr.head_dim);
   p.scale = pr.scale;

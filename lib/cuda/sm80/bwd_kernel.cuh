@@ -17,6 +17,7 @@
 #include "cuda/sm80/bwd_prepost.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
+#include "cuda/sm90/common.cuh"
 
 namespace flashattn {
 namespace sm80 {
@@ -32,18 +33,22 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   using TileQ = SwizzledTile<kBlockM, kHeadDim>;   // Q and dO
   using TileKV = SwizzledTile<kBlockN, kHeadDim>;  // K and V (and dK, dV at the end)
   using TileP = SwizzledTile<kBlockM, kBlockN>;    // P and dS
-  // S and dP: warps 4 (m) x 2 (n); dK and dV: kKvWarpsN (n) x kKvWarpsD (d); dQ: 4 (m) x 2 (d).
-  constexpr int kSNTiles = kBlockN / 2 / 8;
-  constexpr int kKvDTiles = kHeadDim / Cfg::kKvWarpsD / 8;
-  constexpr int kQDTiles = kHeadDim / 2 / 8;
+  // Warp tiles (see BwdConfig): m16 / n8 fragment counts per phase.
+  constexpr int kSM = Cfg::kSdpRows / 16, kSN = Cfg::kSdpCols / 8;
+  constexpr int kKvM = Cfg::kKvRows / 16, kKvD = Cfg::kKvCols / 8;
+  constexpr int kQM = Cfg::kDqRows / 16, kQD = Cfg::kDqCols / 8;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  // [K][V][stage 0: Q, dO][stage 1: Q, dO][P][dS][statistics]. A stage's Q and dO together are
+  // the size of the step's fp32 dQ tile, which is staged there for the bulk add (bulk_dq).
+  constexpr bool kBulkDq = bulk_dq(kHeadDim);
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + TileKV::kElems;
-  T* sQ = sV + TileKV::kElems;  // two stages
-  T* sdO = sQ + 2 * TileQ::kElems;  // two stages
-  T* sP = sdO + 2 * TileQ::kElems;
+  T* sQ = sV + TileKV::kElems;      // stage s at sQ + 2 s TileQ::kElems
+  T* sdO = sQ + TileQ::kElems;      // stage s at sdO + 2 s TileQ::kElems
+  T* sP = sQ + 4 * TileQ::kElems;
   T* sdS = sP + TileP::kElems;
+  float* sStats = reinterpret_cast<float*>(sdS + TileP::kElems);  // [2 stages][LSE2, D][kBlockM]
 
   const int n_block = blockIdx.x;
   const int head_kv = blockIdx.y;
@@ -68,21 +73,25 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                 head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
   const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
                 head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  // K and V join the first (Q, dO) pair in the first cp.async group.
   load_tile<TileKV, Cfg::kNThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
   load_tile<TileKV, Cfg::kNThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
 
-  // Warp roles.
-  const int s_wm = warp % 4, s_wn = warp / 4;
-  const int kv_wn = warp % Cfg::kKvWarpsN, kv_wd = warp / Cfg::kKvWarpsN;
-  const int q_wm = warp % 4, q_wd = warp / 4;
+  // Warp roles: row/column offsets of this warp's tile in each phase.
+  const int s_r0 = (warp % Cfg::kSdpWarpsM) * Cfg::kSdpRows;
+  const int s_c0 = (warp / Cfg::kSdpWarpsM) * Cfg::kSdpCols;
+  const int kv_r0 = (warp % Cfg::kKvWarpsN) * Cfg::kKvRows;
+  const int kv_c0 = (warp / Cfg::kKvWarpsN) * Cfg::kKvCols;
+  const int q_r0 = (warp % Cfg::kDqWarpsM) * Cfg::kDqRows;
+  const int q_c0 = (warp / Cfg::kDqWarpsM) * Cfg::kDqCols;
 
-  float acc_dk[kKvDTiles][4];
-  float acc_dv[kKvDTiles][4];
+  float acc_dk[kKvM][kKvD][4];
+  float acc_dv[kKvM][kKvD][4];
 #pragma unroll
-  for (int i = 0; i < kKvDTiles; ++i)
+  for (int mi = 0; mi < kKvM; ++mi)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.0f;
+    for (int i = 0; i < kKvD; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[mi][i][e] = acc_dv[mi][i][e] = 0.0f;
 
   // ldmatrix addresses (see LdsmAddr): A operands non-transposed take rows (i % 2) * 8,
   // columns (i / 2) * 8 of matrix i = lane / 8; B operands non-transposed rows (i / 2) * 8,
@@ -92,19 +101,28 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   const int n_q_blocks = m_end - m_begin;
   const int steps = n_q_blocks * p.group;
-  if (steps > 0) {
-    {
-      const int head = head_kv * p.group;
-      const int m0 = m_begin * kBlockM;
-      const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
-                    head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
-      const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                     head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-      load_tile<TileQ, Cfg::kNThreads>(sQ, qg, p.q_row_stride, seqlen_q - m0, p.head_dim, tid);
-      load_tile<TileQ, Cfg::kNThreads>(sdO, dog, p.do_row_stride, seqlen_q - m0, p.head_dim,
-                                       tid);
+  // One step's tiles: Q and dO rows, and the rows' LSE * log2(e) and D (the workspace holds
+  // every row of a block: rows past seqlen_q have LSE +inf and D 0, so P is 0 there).
+  auto load_step = [&](int step, int stage) {
+    const int head = head_kv * p.group + step / n_q_blocks;
+    const int m0 = (m_begin + step % n_q_blocks) * kBlockM;
+    const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
+                  head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
+    const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
+                   head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
+    load_tile<TileQ, Cfg::kNThreads>(sQ + 2 * stage * TileQ::kElems, qg, p.q_row_stride,
+                                     seqlen_q - m0, p.head_dim, tid);
+    load_tile<TileQ, Cfg::kNThreads>(sdO + 2 * stage * TileQ::kElems, dog, p.do_row_stride,
+                                     seqlen_q - m0, p.head_dim, tid);
+    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
+    if (tid < 2 * kChunks) {
+      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
+      cp_async_16(smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
     }
-  }
+  };
+  // K and V join the first step's tiles in the first cp.async group.
+  if (steps > 0) load_step(0, 0);
   cp_async_commit();
 
   for (int step = 0; step < steps; ++step) {
@@ -112,61 +130,56 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     const int m_block = m_begin + step % n_q_blocks;
     const int m0 = m_block * kBlockM;
     const int stage = step % 2;
-    T* sQs = sQ + stage * TileQ::kElems;
-    T* sdOs = sdO + stage * TileQ::kElems;
+    T* sQs = sQ + 2 * stage * TileQ::kElems;
+    T* sdOs = sdO + 2 * stage * TileQ::kElems;
 
+    // The last step's bulk dQ add has read the other stage, which the prefetch below refills.
+    if (kBulkDq && tid == 0) sm90::bulk_wait_read();
     cp_async_wait<0>();
     __syncthreads();  // this step's tiles landed; last step's readers are done
     if (step + 1 < steps) {
-      const int nhead = head_kv * p.group + (step + 1) / n_q_blocks;
-      const int nm0 = (m_begin + (step + 1) % n_q_blocks) * kBlockM;
-      const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
-                    nhead * p.q_head_stride + int64_t(nm0) * p.q_row_stride;
-      const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                     nhead * p.do_head_stride + int64_t(nm0) * p.do_row_stride;
-      load_tile<TileQ, Cfg::kNThreads>(sQ + (1 - stage) * TileQ::kElems, qg, p.q_row_stride,
-                                       seqlen_q - nm0, p.head_dim, tid);
-      load_tile<TileQ, Cfg::kNThreads>(sdO + (1 - stage) * TileQ::kElems, dog,
-                                       p.do_row_stride, seqlen_q - nm0, p.head_dim, tid);
+      load_step(step + 1, 1 - stage);
       cp_async_commit();
     }
 
-    // Row statistics for this warp's S rows (g and g + 8 of its m16 tile).
     const int64_t stat_base = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-    float lse2[2], dsum[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = s_wm * 16 + g + hh * 8;
-      lse2[hh] = p.lse_log2[stat_base + r];
-      dsum[hh] = p.dsum[stat_base + r];
-    }
+    const float* s_lse2 = sStats + stage * 2 * kBlockM;  // this step's rows: LSE * log2(e)
+    const float* s_dsum = s_lse2 + kBlockM;              // and D
 
-    // S = Q K^T and dP = dO V^T: this warp's 16 rows x kBlockN / 2 columns.
-    float acc_s[kSNTiles][4];
-    float acc_dp[kSNTiles][4];
+    // S = Q K^T and dP = dO V^T: this warp's kSdpRows x kSdpCols tile of each.
+    float acc_s[kSM][kSN][4];
+    float acc_dp[kSM][kSN][4];
 #pragma unroll
-    for (int i = 0; i < kSNTiles; ++i)
+    for (int mi = 0; mi < kSM; ++mi)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[i][e] = acc_dp[i][e] = 0.0f;
+      for (int i = 0; i < kSN; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mi][i][e] = acc_dp[mi][i][e] = 0.0f;
     {
-      const LdsmAddr<TileQ> q_addr(sQs, s_wm * 16 + a_row, a_half);
-      const LdsmAddr<TileQ> do_addr(sdOs, s_wm * 16 + a_row, a_half);
-      const LdsmAddr<TileKV> k_addr(sK, s_wn * (kBlockN / 2) + b_row, b_half);
-      const LdsmAddr<TileKV> v_addr(sV, s_wn * (kBlockN / 2) + b_row, b_half);
+      const LdsmAddr<TileQ> q_addr(sQs, s_r0 + a_row, a_half);
+      const LdsmAddr<TileQ> do_addr(sdOs, s_r0 + a_row, a_half);
+      const LdsmAddr<TileKV> k_addr(sK, s_c0 + b_row, b_half);
+      const LdsmAddr<TileKV> v_addr(sV, s_c0 + b_row, b_half);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t a[4], da[4];
-        ldmatrix_x4(q_addr.at(0, kk), a[0], a[1], a[2], a[3]);
-        ldmatrix_x4(do_addr.at(0, kk), da[0], da[1], da[2], da[3]);
+        uint32_t bk[kSN / 2][4], bv[kSN / 2][4];
 #pragma unroll
-        for (int np = 0; np < kSNTiles / 2; ++np) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(k_addr.at(np * 16, kk), b0, b1, b2, b3);
-          mma_16816<T>(acc_s[2 * np], a, b0, b1);
-          mma_16816<T>(acc_s[2 * np + 1], a, b2, b3);
-          ldmatrix_x4(v_addr.at(np * 16, kk), b0, b1, b2, b3);
-          mma_16816<T>(acc_dp[2 * np], da, b0, b1);
-          mma_16816<T>(acc_dp[2 * np + 1], da, b2, b3);
+        for (int np = 0; np < kSN / 2; ++np) {
+          ldmatrix_x4(k_addr.at(np * 16, kk), bk[np][0], bk[np][1], bk[np][2], bk[np][3]);
+          ldmatrix_x4(v_addr.at(np * 16, kk), bv[np][0], bv[np][1], bv[np][2], bv[np][3]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < kSM; ++mi) {
+          uint32_t a[4], da[4];
+          ldmatrix_x4(q_addr.at(mi * 16, kk), a[0], a[1], a[2], a[3]);
+          ldmatrix_x4(do_addr.at(mi * 16, kk), da[0], da[1], da[2], da[3]);
+#pragma unroll
+          for (int np = 0; np < kSN / 2; ++np) {
+            mma_16816<T>(acc_s[mi][2 * np], a, bk[np][0], bk[np][1]);
+            mma_16816<T>(acc_s[mi][2 * np + 1], a, bk[np][2], bk[np][3]);
+            mma_16816<T>(acc_dp[mi][2 * np], da, bv[np][0], bv[np][1]);
+            mma_16816<T>(acc_dp[mi][2 * np + 1], da, bv[np][2], bv[np][3]);
+          }
         }
       }
     }
@@ -175,130 +188,184 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     const bool need_mask = (n0 + kBlockN > seqlen_k) ||
                            (p.causal && n0 + kBlockN - 1 > m0 + diag);
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = s_wm * 16 + g + hh * 8;
-      const int row = m0 + r;
-      const int limit = p.causal ? min(seqlen_k - 1, row + diag) : seqlen_k - 1;
+    for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
-      for (int nt = 0; nt < kSNTiles; ++nt) {
-        float pv[2], ds[2];
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = s_r0 + mi * 16 + g + hh * 8;
+        const int row = m0 + r;
+        const int limit = p.causal ? min(seqlen_k - 1, row + diag) : seqlen_k - 1;
+        const float lse2 = s_lse2[r], dsum = s_dsum[r];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = s_wn * (kBlockN / 2) + nt * 8 + 2 * t + e;
-          float prob = exp2_approx(fmaf(acc_s[nt][hh * 2 + e], p.scale_log2, -lse2[hh]));
-          if (need_mask && n0 + c > limit) prob = 0.0f;
-          pv[e] = prob;
-          ds[e] = prob * (acc_dp[nt][hh * 2 + e] - dsum[hh]);
+        for (int nt = 0; nt < kSN; ++nt) {
+          float pv[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = s_c0 + nt * 8 + 2 * t + e;
+            float prob =
+                exp2_approx(fmaf(acc_s[mi][nt][hh * 2 + e], p.scale_log2, -lse2));
+            if (need_mask && n0 + c > limit) prob = 0.0f;
+            pv[e] = prob;
+            ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
+          }
+          const int c = s_c0 + nt * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) = pack2<T>(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) = pack2<T>(ds[0], ds[1]);
         }
-        const int c = s_wn * (kBlockN / 2) + nt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) = pack2<T>(pv[0], pv[1]);
-        *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) = pack2<T>(ds[0], ds[1]);
       }
     }
     __syncthreads();  // P and dS complete
 
-    // dV += P^T dO and dK += dS^T Q: this warp's 16 key rows x its head-dim slice.
+    // dV += P^T dO and dK += dS^T Q: this warp's kKvRows keys x kKvCols of the head dim. P^T and
+    // dS^T are read transposed from P and dS ([queries][keys]).
     {
-      const LdsmAddr<TileP> pt_addr(sP, b_row, b_half, kv_wn);
-      const LdsmAddr<TileP> dst_addr(sdS, b_row, b_half, kv_wn);
-      const int d16 = kv_wd * (kHeadDim / Cfg::kKvWarpsD) / 16;
-      const LdsmAddr<TileQ> do_addr(sdOs, a_row, a_half, d16);
-      const LdsmAddr<TileQ> q_addr(sQs, a_row, a_half, d16);
+      const LdsmAddr<TileP> pt_addr(sP, b_row, b_half, kv_r0 / 16);
+      const LdsmAddr<TileP> dst_addr(sdS, b_row, b_half, kv_r0 / 16);
+      const LdsmAddr<TileQ> do_addr(sdOs, a_row, a_half, kv_c0 / 16);
+      const LdsmAddr<TileQ> q_addr(sQs, a_row, a_half, kv_c0 / 16);
 #pragma unroll
       for (int km = 0; km < kBlockM / 16; ++km) {
-        uint32_t a[4], da[4];
-        ldmatrix_x4_trans(pt_addr.at(km * 16, 0), a[0], a[1], a[2], a[3]);
-        ldmatrix_x4_trans(dst_addr.at(km * 16, 0), da[0], da[1], da[2], da[3]);
+        uint32_t a[kKvM][4], da[kKvM][4];
 #pragma unroll
-        for (int dp = 0; dp < kKvDTiles / 2; ++dp) {
+        for (int mi = 0; mi < kKvM; ++mi) {
+          ldmatrix_x4_trans(pt_addr.at(km * 16, mi), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          ldmatrix_x4_trans(dst_addr.at(km * 16, mi), da[mi][0], da[mi][1], da[mi][2],
+                            da[mi][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kKvD / 2; ++dp) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4_trans(do_addr.at(km * 16, dp), b0, b1, b2, b3);
-          mma_16816<T>(acc_dv[2 * dp], a, b0, b1);
-          mma_16816<T>(acc_dv[2 * dp + 1], a, b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < kKvM; ++mi) {
+            mma_16816<T>(acc_dv[mi][2 * dp], a[mi], b0, b1);
+            mma_16816<T>(acc_dv[mi][2 * dp + 1], a[mi], b2, b3);
+          }
           ldmatrix_x4_trans(q_addr.at(km * 16, dp), b0, b1, b2, b3);
-          mma_16816<T>(acc_dk[2 * dp], da, b0, b1);
-          mma_16816<T>(acc_dk[2 * dp + 1], da, b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < kKvM; ++mi) {
+            mma_16816<T>(acc_dk[mi][2 * dp], da[mi], b0, b1);
+            mma_16816<T>(acc_dk[mi][2 * dp + 1], da[mi], b2, b3);
+          }
         }
       }
     }
 
-    // dQ (partial) = dS K: this warp's 16 query rows x half the head dim, added into the
+    // dQ (partial) = dS K: this warp's kDqRows queries x kDqCols of the head dim, added into the
     // fp32 accumulator.
     {
-      float acc_dq[kQDTiles][4];
+      float acc_dq[kQM][kQD][4];
 #pragma unroll
-      for (int i = 0; i < kQDTiles; ++i)
+      for (int mi = 0; mi < kQM; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dq[i][e] = 0.0f;
-      const LdsmAddr<TileP> ds_addr(sdS, q_wm * 16 + a_row, a_half);
-      const LdsmAddr<TileKV> k_addr(sK, a_row, a_half, q_wd * (kHeadDim / 2) / 16);
+        for (int i = 0; i < kQD; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_dq[mi][i][e] = 0.0f;
+      const LdsmAddr<TileP> ds_addr(sdS, q_r0 + a_row, a_half);
+      const LdsmAddr<TileKV> k_addr(sK, a_row, a_half, q_c0 / 16);
 #pragma unroll
       for (int kn = 0; kn < kBlockN / 16; ++kn) {
-        uint32_t a[4];
-        ldmatrix_x4(ds_addr.at(0, kn), a[0], a[1], a[2], a[3]);
+        uint32_t a[kQM][4];
 #pragma unroll
-        for (int dp = 0; dp < kQDTiles / 2; ++dp) {
+        for (int mi = 0; mi < kQM; ++mi)
+          ldmatrix_x4(ds_addr.at(mi * 16, kn), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+#pragma unroll
+        for (int dp = 0; dp < kQD / 2; ++dp) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4_trans(k_addr.at(kn * 16, dp), b0, b1, b2, b3);
-          mma_16816<T>(acc_dq[2 * dp], a, b0, b1);
-          mma_16816<T>(acc_dq[2 * dp + 1], a, b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < kQM; ++mi) {
+            mma_16816<T>(acc_dq[mi][2 * dp], a[mi], b0, b1);
+            mma_16816<T>(acc_dq[mi][2 * dp + 1], a[mi], b2, b3);
+          }
         }
       }
       int* sem = nullptr;
       if (p.deterministic) {
         // Add in key-block order: wait until every lower key block of this query block is in.
-        sem = p.dq_semaphore + (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) +
-              m_block;
+        sem = p.dq_semaphore +
+              (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
         if (tid == 0) {
           while (atomicAdd(sem, 0) != n_block) {
           }
           __threadfence();
         }
-        __syncthreads();
       }
-      float* dq = p.dq_accum + (stat_base + q_wm * 16) * p.head_dim_padded +
-                  q_wd * (kHeadDim / 2);
+      if constexpr (kBulkDq) {
+        // The tile goes to this stage's Q and dO, which every warp has finished reading, then
+        // one thread adds it (rows past seqlen_q hold zeros: their P is 0).
+        __syncthreads();
+        float* s_dq = reinterpret_cast<float*>(sQs);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = g + hh * 8;
-        if (m0 + q_wm * 16 + r < seqlen_q) {
+        for (int mi = 0; mi < kQM; ++mi)
 #pragma unroll
-          for (int dt = 0; dt < kQDTiles; ++dt) {
-            float* dst = dq + r * p.head_dim_padded + dt * 8 + 2 * t;
-#if __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2*>(dst),
-                      make_float2(acc_dq[dt][hh * 2], acc_dq[dt][hh * 2 + 1]));
-#else
-            atomicAdd(dst, acc_dq[dt][hh * 2]);
-            atomicAdd(dst + 1, acc_dq[dt][hh * 2 + 1]);
-#endif
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int dt = 0; dt < kQD; ++dt) {
+              const int r = q_r0 + mi * 16 + g + hh * 8;
+              const int c = q_c0 + dt * 8 + 2 * t;
+              *reinterpret_cast<float2*>(s_dq + dq_tiled_offset(r, c, kHeadDim)) =
+                  make_float2(acc_dq[mi][dt][hh * 2], acc_dq[mi][dt][hh * 2 + 1]);
+            }
+        sm90::fence_proxy_async();
+        __syncthreads();
+        if (tid == 0) {
+          sm90::bulk_reduce_add_f32(p.dq_accum + stat_base * p.head_dim_padded, s_dq,
+                                    kBlockM * kHeadDim * 4);
+          if (p.deterministic) {
+            sm90::bulk_wait_all();
+            __threadfence();
+            atomicExch(sem, n_block + 1);
           }
         }
-      }
-      if (p.deterministic) {
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) atomicExch(sem, n_block + 1);
+      } else {
+        if (p.deterministic) __syncthreads();
+        float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
+#pragma unroll
+        for (int mi = 0; mi < kQM; ++mi) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = mi * 16 + g + hh * 8;
+            if (m0 + q_r0 + r < seqlen_q) {
+#pragma unroll
+              for (int dt = 0; dt < kQD; ++dt) {
+                float* dst = dq + r * p.head_dim_padded + dt * 8 + 2 * t;
+#if __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2*>(dst),
+                          make_float2(acc_dq[mi][dt][hh * 2], acc_dq[mi][dt][hh * 2 + 1]));
+#else
+                atomicAdd(dst, acc_dq[mi][dt][hh * 2]);
+                atomicAdd(dst + 1, acc_dq[mi][dt][hh * 2 + 1]);
+#endif
+              }
+            }
+          }
+        }
+        if (p.deterministic) {
+          __threadfence();
+          __syncthreads();
+          if (tid == 0) atomicExch(sem, n_block + 1);
+        }
       }
     }
   }
+  // Shared memory must outlive the bulk adds' reads of it.
+  if (kBulkDq && tid == 0) sm90::bulk_wait_all();
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles) to global memory.
   cp_async_wait<0>();  // with no query block at all, K and V may still be in flight
   __syncthreads();
-  {
-    const int r0 = kv_wn * 16;
-    const int c0 = kv_wd * (kHeadDim / Cfg::kKvWarpsD);
+#pragma unroll
+  for (int mi = 0; mi < kKvM; ++mi) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = r0 + g + hh * 8;
+      const int r = kv_r0 + mi * 16 + g + hh * 8;
 #pragma unroll
-      for (int dt = 0; dt < kKvDTiles; ++dt) {
-        const int c = c0 + dt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) =
-            pack2<T>(acc_dk[dt][hh * 2] * p.scale, acc_dk[dt][hh * 2 + 1] * p.scale);
+      for (int dt = 0; dt < kKvD; ++dt) {
+        const int c = kv_c0 + dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = pack2<T>(
+            acc_dk[mi][dt][hh * 2] * p.scale, acc_dk[mi][dt][hh * 2 + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(sV + TileKV::offset(r, c)) =
-            pack2<T>(acc_dv[dt][hh * 2], acc_dv[dt][hh * 2 + 1]);
+            pack2<T>(acc_dv[mi][dt][hh * 2], acc_dv[mi][dt][hh * 2 + 1]);
       }
     }
   }

@@ -9,9 +9,30 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/ptx.cuh"
+#include "cuda/sm90/arch.cuh"
+#include "cuda/sm90/common.cuh"
 
 namespace flashattn {
 namespace sm80 {
+
+// Where a device pass of the sm80 main kernel can use the Hopper bulk reduce-add (sm_90a), it
+// adds each step's dQ tile with one bulk operation instead of per-element atomics, and then keeps
+// the accumulator in the sm90 tiled layout (sm90::dq_tile_offset); head dims that are multiples
+// of 64 only. The postprocess, compiled in the same pass, reads the layout the same way.
+__host__ __device__ constexpr bool bulk_dq(int head_dim_padded) {
+#ifdef FLASHATTN_SM90A_DEVICE
+  return head_dim_padded % 64 == 0;
+#else
+  return head_dim_padded < 0;  // never; keeps the argument used in every pass
+#endif
+}
+
+// Float offset of (r, c), c even, in a block of query rows of the tiled accumulator: 64-row
+// blocks, each [64-column tile][64 rows][64 columns, pairs swizzled by row].
+__device__ __forceinline__ int dq_tiled_offset(int r, int c, int head_dim_padded) {
+  return (r >> 6) * (64 * head_dim_padded) + (c >> 6) * 4096 +
+         sm90::dq_tile_offset(r & 63, c & 63);
+}
 
 // ---- 1. preprocess ---------------------------------------------------------------------------
 
@@ -91,13 +112,13 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
           int64_t(m0) * p.dq_row_stride;
   const int rows = min(kRows, p.seqlen_q - m0);
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
+  const bool tiled = p.dq_tiled || bulk_dq(p.head_dim_padded);
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
     const int r = i / chunks;
     const int c = (i % chunks) * 2;
-    // Row-major (sm80), or 64 x 64 tiles with row-swizzled pairs (sm90, see dq_tile_offset).
-    const float* src =
-        p.dq_tiled ? acc + (c / 64) * 4096 + r * 64 + 2 * (((c % 64) >> 1) ^ ((r & 7) << 2))
-                   : acc + int64_t(r) * p.head_dim_padded + c;
+    // Row-major, or 64 x 64 tiles with row-swizzled pairs (see dq_tiled_offset).
+    const float* src = tiled ? acc + dq_tiled_offset(r, c, p.head_dim_padded)
+                             : acc + int64_t(r) * p.head_dim_padded + c;
     T* dst = dq + int64_t(r) * p.dq_row_stride + c;
     if (c + 1 < p.head_dim) {  // c is even: the pair is adjacent in both layouts
       *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
