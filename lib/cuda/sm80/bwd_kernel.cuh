@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   // [K][V][stage 0: Q, dO][stage 1: Q, dO][P][dS][statistics]. A stage's Q and dO together are
   // the size of the step's fp32 dQ tile, which is staged there for the bulk add (bulk_dq).
   constexpr bool kBulkDq = bulk_dq(kHeadDim);
+  static_assert(!kBulkDq || (Cfg::kDqRows == 32 && Cfg::kDqCols % 32 == 0),
+                "a warp's dQ tile is one contiguous range of the blocked layout");
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + TileKV::kElems;
   T* sQ = sV + TileKV::kElems;      // stage s at sQ + 2 s TileQ::kElems
@@ -125,6 +127,52 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   if (steps > 0) load_step(0, 0);
   cp_async_commit();
 
+  // dQ of the last step, and (bulk path) where it goes: the bulk path stages a step's dQ tile in
+  // that step's Q/dO stage at the top of the next step, after the barrier that ends every warp's
+  // reads of it, so it needs no barrier of its own.
+  float acc_dq[kQM][kQD][4];
+  int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
+  int* pending_sem = nullptr;
+  // Stages the last step's dQ tile (acc_dq) in `stage` and adds this warp's part of it with one
+  // bulk operation (when deterministic: in key-block order, complete before the semaphore moves).
+  auto flush_dq = [&](int stage) {
+    if (pending_sem != nullptr) {
+      if (tid == 0) {
+        while (atomicAdd(pending_sem, 0) != n_block) {
+        }
+        __threadfence();
+      }
+      __syncthreads();
+    }
+    float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);
+#pragma unroll
+    for (int mi = 0; mi < kQM; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int dt = 0; dt < kQD; ++dt) {
+          const int r = q_r0 + mi * 16 + g + hh * 8;
+          const int c = q_c0 + dt * 8 + 2 * t;
+          *reinterpret_cast<float2*>(s_dq + dq_block_offset(r, c, kHeadDim)) =
+              make_float2(acc_dq[mi][dt][hh * 2], acc_dq[mi][dt][hh * 2 + 1]);
+        }
+    sm90::fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+      const int off = dq_block_offset(q_r0, q_c0, kHeadDim);
+      sm90::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off,
+                                Cfg::kDqRows * Cfg::kDqCols * 4);
+      if (pending_sem != nullptr) {
+        sm90::bulk_wait_all();
+        __threadfence();
+      }
+    }
+    if (pending_sem != nullptr) {
+      __syncthreads();
+      if (tid == 0) atomicExch(pending_sem, n_block + 1);
+    }
+  };
+
   for (int step = 0; step < steps; ++step) {
     const int head = head_kv * p.group + step / n_q_blocks;
     const int m_block = m_begin + step % n_q_blocks;
@@ -133,11 +181,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     T* sQs = sQ + 2 * stage * TileQ::kElems;
     T* sdOs = sdO + 2 * stage * TileQ::kElems;
 
-    // The last step's bulk dQ add has read the other stage, which the prefetch below refills.
-    if (kBulkDq && tid == 0) sm90::bulk_wait_read();
     cp_async_wait<0>();
-    __syncthreads();  // this step's tiles landed; last step's readers are done
-    if (step + 1 < steps) {
+    __syncthreads();  // this step's tiles landed; the last step's readers are done
+    if constexpr (kBulkDq) {
+      if (step > 0) flush_dq(1 - stage);
+    } else if (step + 1 < steps) {
       load_step(step + 1, 1 - stage);
       cp_async_commit();
     }
@@ -213,7 +261,14 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
       }
     }
+    // Bulk path: this warp's add has read the other stage before the barrier, so the prefetch
+    // after it may refill that stage.
+    if (kBulkDq && step > 0 && lane == 0) sm90::bulk_wait_read();
     __syncthreads();  // P and dS complete
+    if (kBulkDq && step + 1 < steps) {
+      load_step(step + 1, 1 - stage);
+      cp_async_commit();
+    }
 
     // dV += P^T dO and dK += dS^T Q: this warp's kKvRows keys x kKvCols of the head dim. P^T and
     // dS^T are read transposed from P and dS ([queries][keys]).
@@ -251,9 +306,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
 
     // dQ (partial) = dS K: this warp's kDqRows queries x kDqCols of the head dim, added into the
-    // fp32 accumulator.
+    // fp32 accumulator (bulk path: at the next step's top, or after the loop).
     {
-      float acc_dq[kQM][kQD][4];
 #pragma unroll
       for (int mi = 0; mi < kQM; ++mi)
 #pragma unroll
@@ -279,46 +333,24 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           }
         }
       }
-      int* sem = nullptr;
-      if (p.deterministic) {
-        // Add in key-block order: wait until every lower key block of this query block is in.
-        sem = p.dq_semaphore +
-              (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-        if (tid == 0) {
-          while (atomicAdd(sem, 0) != n_block) {
-          }
-          __threadfence();
-        }
-      }
+      // Deterministic: add in key-block order, after every lower key block of this query block.
+      int* sem = !p.deterministic ? nullptr
+                                  : p.dq_semaphore +
+                                        (int64_t(batch) * p.heads_q + head) *
+                                            (p.seqlen_q_rounded / kBlockM) +
+                                        m_block;
       if constexpr (kBulkDq) {
-        // The tile goes to this stage's Q and dO, which every warp has finished reading, then
-        // one thread adds it (rows past seqlen_q hold zeros: their P is 0).
-        __syncthreads();
-        float* s_dq = reinterpret_cast<float*>(sQs);
-#pragma unroll
-        for (int mi = 0; mi < kQM; ++mi)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int dt = 0; dt < kQD; ++dt) {
-              const int r = q_r0 + mi * 16 + g + hh * 8;
-              const int c = q_c0 + dt * 8 + 2 * t;
-              *reinterpret_cast<float2*>(s_dq + dq_tiled_offset(r, c, kHeadDim)) =
-                  make_float2(acc_dq[mi][dt][hh * 2], acc_dq[mi][dt][hh * 2 + 1]);
-            }
-        sm90::fence_proxy_async();
-        __syncthreads();
-        if (tid == 0) {
-          sm90::bulk_reduce_add_f32(p.dq_accum + stat_base * p.head_dim_padded, s_dq,
-                                    kBlockM * kHeadDim * 4);
-          if (p.deterministic) {
-            sm90::bulk_wait_all();
-            __threadfence();
-            atomicExch(sem, n_block + 1);
-          }
-        }
+        pending_dq = stat_base * p.head_dim_padded;
+        pending_sem = sem;
       } else {
-        if (p.deterministic) __syncthreads();
+        if (sem != nullptr) {
+          if (tid == 0) {
+            while (atomicAdd(sem, 0) != n_block) {
+            }
+            __threadfence();
+          }
+          __syncthreads();
+        }
         float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi) {
@@ -340,7 +372,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             }
           }
         }
-        if (p.deterministic) {
+        if (sem != nullptr) {
           __threadfence();
           __syncthreads();
           if (tid == 0) atomicExch(sem, n_block + 1);
@@ -348,8 +380,13 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       }
     }
   }
-  // Shared memory must outlive the bulk adds' reads of it.
-  if (kBulkDq && tid == 0) sm90::bulk_wait_all();
+  if constexpr (kBulkDq) {
+    if (steps > 0) {
+      __syncthreads();  // every warp is done reading the last stage
+      flush_dq((steps - 1) % 2);
+      if (lane == 0) sm90::bulk_wait_all();  // shared memory must outlive the adds' reads
+    }
+  }
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles) to global memory.
   cp_async_wait<0>();  // with no query block at all, K and V may still be in flight

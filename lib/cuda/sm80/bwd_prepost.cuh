@@ -16,22 +16,25 @@ namespace flashattn {
 namespace sm80 {
 
 // Where a device pass of the sm80 main kernel can use the Hopper bulk reduce-add (sm_90a), it
-// adds each step's dQ tile with one bulk operation instead of per-element atomics, and then keeps
-// the accumulator in the sm90 tiled layout (sm90::dq_tile_offset); head dims that are multiples
-// of 64 only. The postprocess, compiled in the same pass, reads the layout the same way.
+// adds each warp's dQ tile with one bulk operation instead of per-element atomics, and then keeps
+// the accumulator in 32 x 32 blocks (dq_block_offset): head dims 64, 128 and 256, whose dQ warp
+// tiles are 32 rows by a multiple of 32 columns. The postprocess, compiled in the same device
+// pass, reads the layout the same way.
 __host__ __device__ constexpr bool bulk_dq(int head_dim_padded) {
 #ifdef FLASHATTN_SM90A_DEVICE
-  return head_dim_padded % 64 == 0;
+  return head_dim_padded == 64 || head_dim_padded == 128 || head_dim_padded == 256;
 #else
   return head_dim_padded < 0;  // never; keeps the argument used in every pass
 #endif
 }
 
-// Float offset of (r, c), c even, in a block of query rows of the tiled accumulator: 64-row
-// blocks, each [64-column tile][64 rows][64 columns, pairs swizzled by row].
-__device__ __forceinline__ int dq_tiled_offset(int r, int c, int head_dim_padded) {
-  return (r >> 6) * (64 * head_dim_padded) + (c >> 6) * 4096 +
-         sm90::dq_tile_offset(r & 63, c & 63);
+// Float offset of (r, c), c even, from the start of a 32-aligned block of query rows in the
+// blocked accumulator: [32-row block][32-column block][32 x 32], each row's float2 pairs
+// swizzled by the row so that a warp's float2 stores of an accumulator fragment are
+// bank-conflict free. A warp's 32 x 32k dQ tile is then one contiguous range.
+__host__ __device__ __forceinline__ int dq_block_offset(int r, int c, int head_dim_padded) {
+  return ((r >> 5) * (head_dim_padded >> 5) + (c >> 5)) * 1024 + (r & 31) * 32 +
+         2 * (((c & 31) >> 1) ^ ((r & 3) << 2)) + (c & 1);
 }
 
 // ---- 1. preprocess ---------------------------------------------------------------------------
@@ -112,13 +115,15 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
           int64_t(m0) * p.dq_row_stride;
   const int rows = min(kRows, p.seqlen_q - m0);
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
-  const bool tiled = p.dq_tiled || bulk_dq(p.head_dim_padded);
+  const bool blocked = bulk_dq(p.head_dim_padded);
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
     const int r = i / chunks;
     const int c = (i % chunks) * 2;
-    // Row-major, or 64 x 64 tiles with row-swizzled pairs (see dq_tiled_offset).
-    const float* src = tiled ? acc + dq_tiled_offset(r, c, p.head_dim_padded)
-                             : acc + int64_t(r) * p.head_dim_padded + c;
+    // The sm90 kernel's 64 x 64 tiles (sm90::dq_tile_offset), the sm80 kernel's 32 x 32
+    // blocks, or row-major.
+    const float* src = p.dq_tiled ? acc + (c / 64) * 4096 + sm90::dq_tile_offset(r, c % 64)
+                       : blocked  ? acc + dq_block_offset(r, c, p.head_dim_padded)
+                                  : acc + int64_t(r) * p.head_dim_padded + c;
     T* dst = dq + int64_t(r) * p.dq_row_stride + c;
     if (c + 1 < p.head_dim) {  // c is even: the pair is adjacent in both layouts
       *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
