@@ -84,7 +84,7 @@ tool_options() {
   case "$1" in
     memcheck) echo "--leak-check full --report-api-errors no" ;;
     racecheck) echo "" ;;
-    initcheck) echo "" ;;
+    initcheck) echo "--nvtx yes" ;;  # reads the library's NVTX marks of cuBLAS-written memory
     synccheck) echo "" ;;
     *) echo "unknown" ;;
   esac
