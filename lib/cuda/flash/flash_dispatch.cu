@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
@@ -237,31 +238,33 @@ size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo&) 
   return backward ? bwd_workspace(p).total : 0;
 }
 
-cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo& dev,
-                          cudaStream_t stream) {
-  const bool sm90 = use_sm90_forward(dev);
-  const Problem& pr = a.problem;
-  FwdParams p{};
-  p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.o = a.out.data;
-  p.lse = a.lse.data;
-  p.q_batch_stride = a.q.stride_batch;
-  p.q_row_stride = a.q.stride_seq;
-  p.q_head_stride = a.q.stride_head;
-  p.k_batch_stride = a.k.stride_batch;
-  p.k_row_stride = a.k.stride_seq;
-  p.k_head_stride = a.k.stride_head;
-  p.v_batch_stride = a.v.stride_batch;
-  p.v_row_stride = a.v.stride_seq;
-  p.v_head_stride = a.v.stride_head;
-  p.o_batch_stride = a.out.stride_batch;
-  p.o_row_stride = a.out.stride_seq;
-  p.o_head_stride = a.out.stride_head;
-  p.lse_batch_stride = a.lse.stride_batch;
-  p.lse_head_stride = a.lse.stride_head;
-  p.lse_row_stride = a.lse.stride_seq;
+namespace {
+
+// The fields the forward and backward parameters share (FwdParams and BwdParams name them
+// alike): the inputs' and LSE's pointers and strides, sizes, scale and mask.
+template <class Params>
+void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& k,
+                 const Tensor4& v, const Tensor4& out, const LseView& lse) {
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out.data;
+  p.lse = lse.data;
+  p.q_batch_stride = q.stride_batch;
+  p.q_row_stride = q.stride_seq;
+  p.q_head_stride = q.stride_head;
+  p.k_batch_stride = k.stride_batch;
+  p.k_row_stride = k.stride_seq;
+  p.k_head_stride = k.stride_head;
+  p.v_batch_stride = v.stride_batch;
+  p.v_row_stride = v.stride_seq;
+  p.v_head_stride = v.stride_head;
+  p.o_batch_stride = out.stride_batch;
+  p.o_row_stride = out.stride_seq;
+  p.o_head_stride = out.stride_head;
+  p.lse_batch_stride = lse.stride_batch;
+  p.lse_head_stride = lse.stride_head;
+  p.lse_row_stride = lse.stride_seq;
   p.batch = static_cast<int>(pr.batch);
   p.seqlen_q = static_cast<int>(pr.seqlen_q);
   p.seqlen_k = static_cast<int>(pr.seqlen_k);
@@ -272,24 +275,43 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
   p.causal = pr.causal;
-  switch (padded_head_dim(pr.head_dim)) {
+}
+
+// Calls launch(std::integral_constant<int, D>{}) for the compiled fast path D of a padded head
+// dim; what this build did not compile is unsupported.
+template <class Launch>
+cudaError_t for_head_dim(int padded, Launch&& launch) {
+  switch (padded) {
 #ifdef FLASHATTN_HDIM_64
-    case 64: return fwd_for_dtype<64>(pr.dtype, p, sm90, stream);
+    case 64: return launch(std::integral_constant<int, 64>{});
 #endif
 #ifdef FLASHATTN_HDIM_96
-    case 96: return fwd_for_dtype<96>(pr.dtype, p, sm90, stream);
+    case 96: return launch(std::integral_constant<int, 96>{});
 #endif
 #ifdef FLASHATTN_HDIM_128
-    case 128: return fwd_for_dtype<128>(pr.dtype, p, sm90, stream);
+    case 128: return launch(std::integral_constant<int, 128>{});
 #endif
 #ifdef FLASHATTN_HDIM_192
-    case 192: return fwd_for_dtype<192>(pr.dtype, p, sm90, stream);
+    case 192: return launch(std::integral_constant<int, 192>{});
 #endif
 #ifdef FLASHATTN_HDIM_256
-    case 256: return fwd_for_dtype<256>(pr.dtype, p, sm90, stream);
+    case 256: return launch(std::integral_constant<int, 256>{});
 #endif
     default: return cudaErrorNotSupported;
   }
+}
+
+}  // namespace
+
+cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo& dev,
+                          cudaStream_t stream) {
+  const bool sm90 = use_sm90_forward(dev);
+  const Problem& pr = a.problem;
+  FwdParams p{};
+  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse);
+  return for_head_dim(padded_head_dim(pr.head_dim), [&](auto hdim) {
+    return fwd_for_dtype<decltype(hdim)::value>(pr.dtype, p, sm90, stream);
+  });
 }
 
 cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
@@ -299,27 +321,11 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
   BwdParams p{};
-  p.q = a.q.data;
-  p.k = a.k.data;
-  p.v = a.v.data;
-  p.o = a.out.data;
+  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse);
   p.dout = a.dout.data;
-  p.lse = a.lse.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
   p.dv = a.dv.data;
-  p.q_batch_stride = a.q.stride_batch;
-  p.q_row_stride = a.q.stride_seq;
-  p.q_head_stride = a.q.stride_head;
-  p.k_batch_stride = a.k.stride_batch;
-  p.k_row_stride = a.k.stride_seq;
-  p.k_head_stride = a.k.stride_head;
-  p.v_batch_stride = a.v.stride_batch;
-  p.v_row_stride = a.v.stride_seq;
-  p.v_head_stride = a.v.stride_head;
-  p.o_batch_stride = a.out.stride_batch;
-  p.o_row_stride = a.out.stride_seq;
-  p.o_head_stride = a.out.stride_head;
   p.do_batch_stride = a.dout.stride_batch;
   p.do_row_stride = a.dout.stride_seq;
   p.do_head_stride = a.dout.stride_head;
@@ -332,46 +338,18 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.dv_batch_stride = a.dv.stride_batch;
   p.dv_row_stride = a.dv.stride_seq;
   p.dv_head_stride = a.dv.stride_head;
-  p.lse_batch_stride = a.lse.stride_batch;
-  p.lse_head_stride = a.lse.stride_head;
-  p.lse_row_stride = a.lse.stride_seq;
   p.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   p.dsum = reinterpret_cast<float*>(ws + w.dsum);
   p.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   p.dq_semaphore = reinterpret_cast<int*>(ws + w.semaphore);
-  p.batch = static_cast<int>(pr.batch);
-  p.seqlen_q = static_cast<int>(pr.seqlen_q);
-  p.seqlen_k = static_cast<int>(pr.seqlen_k);
-  p.heads_q = static_cast<int>(pr.heads_q);
-  p.heads_kv = static_cast<int>(pr.heads_kv);
-  p.group = static_cast<int>(pr.heads_q / pr.heads_kv);
-  p.head_dim = static_cast<int>(pr.head_dim);
   p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
   p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
   p.head_dim_padded = padded_head_dim(pr.head_dim);
-  p.scale = pr.scale;
-  p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
-  p.causal = pr.causal;
   p.deterministic = pr.deterministic;
   const bool sm90 = use_sm90_backward(dev, p.head_dim_padded);
-  switch (p.head_dim_padded) {
-#ifdef FLASHATTN_HDIM_64
-    case 64: return bwd_for_dtype<64>(pr.dtype, p, sm90, stream);
-#endif
-#ifdef FLASHATTN_HDIM_96
-    case 96: return bwd_for_dtype<96>(pr.dtype, p, sm90, stream);
-#endif
-#ifdef FLASHATTN_HDIM_128
-    case 128: return bwd_for_dtype<128>(pr.dtype, p, sm90, stream);
-#endif
-#ifdef FLASHATTN_HDIM_192
-    case 192: return bwd_for_dtype<192>(pr.dtype, p, sm90, stream);
-#endif
-#ifdef FLASHATTN_HDIM_256
-    case 256: return bwd_for_dtype<256>(pr.dtype, p, sm90, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return for_head_dim(p.head_dim_padded, [&](auto hdim) {
+    return bwd_for_dtype<decltype(hdim)::value>(pr.dtype, p, sm90, stream);
+  });
 }
 
 }  // namespace cuda
