@@ -1,13 +1,15 @@
 // The Hopper (sm_90a) FlashAttention backward main kernel; the preprocess and postprocess
 // launches are the sm80 ones (same workspace). One CTA per (key block of 128, kv head, batch):
-// two warpgroups, each owning 64 keys with their dK and dV in registers. Per step of 64 queries
-// each warpgroup computes, on wgmma,
-//   S^T = K Q^T and dP^T = V dO^T        (both operands from shared memory)
-//   P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - D)   (in registers)
-//   dV += P^T dO and dK += dS^T Q        (A straight from the accumulators, B MN-major)
+// two warpgroups, each owning 64 keys with their dK and dV in registers. Per step of kBlockM
+// queries each warpgroup computes, on wgmma,
+//   S^T = K Q^T and dP^T = V dO^T        (both operands from shared memory, two wgmma groups)
+//   P^T = exp2(S^T scale log2e - LSE log2e)   (while the dP^T group still runs)
+//   dS^T = P^T (dP^T - D)                (in registers)
+//   dV += P^T dO and dK += dS^T Q        (A straight from the registers, B MN-major)
 //   dQ (partial) = dS K                  (dS^T through shared memory, both operands MN-major)
-// and adds its 64 x 64 fp32 dQ tile into the accumulator with one bulk reduce-add from shared
-// memory (in key-block order when deterministic). The sm90 accumulator is stored in tiles (see
+// and adds its 64 x 64 fp32 dQ tile into the accumulator: each warp its own 16 rows, with one
+// bulk reduce-add from shared memory, so no barrier of the warpgroup is needed (in key-block
+// order, behind a CTA barrier, when deterministic). The sm90 accumulator is stored in tiles (see
 // dq_tile_offset), which its own postprocess reads.
 #pragma once
 
@@ -27,23 +29,23 @@
 namespace flashattn {
 namespace sm90 {
 
-template <class T, int kHeadDim, int kWarpGroups>
-__global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
-  using Cfg = BwdConfig<kHeadDim, kWarpGroups>;
+  using Cfg = BwdConfig<kHeadDim>;
   constexpr int kThreads = Cfg::kNThreads;
-  constexpr int kBlockM = Cfg::kBlockM;  // 64 queries per step
+  constexpr int kBlockM = Cfg::kBlockM;  // queries per step
   constexpr int kBlockN = Cfg::kBlockN;  // 128 keys per CTA, 64 per warpgroup
   constexpr int kDAcc = kHeadDim / 2;    // dK, dV accumulator registers (m64 x head_dim)
-  constexpr int kQAcc = Cfg::kDqN / 2;   // dQ accumulator registers
+  constexpr int kSAcc = kBlockM / 2;     // S^T, dP^T accumulator registers (m64 x kBlockM)
+  constexpr int kQSteps = kBlockM / 16;  // k16 steps over the queries
   using TileKV = typename Cfg::TileKV;
   using TileQ = typename Cfg::TileQ;
   using TileDS = typename Cfg::TileDS;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* base = smem_align1024(smem_raw);
   T* sK = reinterpret_cast<T*>(base);
   T* sV = reinterpret_cast<T*>(base + Cfg::kKVBytes);
   T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);                      // 2 stages
@@ -52,14 +54,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
   float* sDQ = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
                                         Cfg::kDSBytes);  // [warpgroup][64 x 64], swizzled
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
-                                           Cfg::kDSBytes + kWarpGroups * Cfg::kDQBytes);
-  // [2 stages][lse2 64, dsum 64]
+                                           Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
+  // [2 stages][LSE * log2(e), D][kBlockM]
 
   const int n_block = blockIdx.x;
   const int head_kv = blockIdx.y;
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
-  const int wg = tid / 128;          // warpgroup: keys [64 wg, 64 wg + 64) of the block
+  const int wg = tid / 128;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
   const int warp = (tid % 128) / 32;  // warp within the warpgroup: accumulator rows 16 warp..
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -83,11 +85,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
   sm80::load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
   sm80::load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
 
-  // One step's tiles: Q and dO rows, and the 64 LSE*log2(e) and D values (padded rows of the
+  // One step's tiles: Q and dO rows, and the rows' LSE*log2(e) and D values (padded rows of the
   // workspace hold +inf and 0, so they need no predicate).
-  auto load_step = [&](int step, int stage) {
-    const int head = head_kv * p.group + step / n_q_blocks;
-    const int m0 = (m_begin + step % n_q_blocks) * kBlockM;
+  auto load_step = [&](int head, int m_block, int stage) {
+    const int m0 = m_block * kBlockM;
     const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
                   head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
     const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
@@ -96,13 +97,17 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
                                 p.head_dim, tid);
     sm80::load_tile<TileQ, kThreads>(sdO + stage * TileQ::kElems, dog, p.do_row_stride,
                                 seqlen_q - m0, p.head_dim, tid);
-    if (tid < 32) {  // 2 x 64 floats: 32 chunks of 16 bytes
+    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
+    if (tid < 2 * kChunks) {
       const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-      const float* src = (tid < 16 ? p.lse_log2 : p.dsum) + row + (tid % 16) * 4;
-      sm80::cp_async_16(sm80::smem_u32(sStats + stage * 128 + tid * 4), src, 16);
+      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
+      sm80::cp_async_16(sm80::smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
     }
   };
-  if (steps > 0) load_step(0, 0);
+  // Steps run over the query blocks of each query head of the group in turn.
+  int head = head_kv * p.group;
+  int m_block = m_begin;
+  if (steps > 0) load_step(head, m_block, 0);
   sm80::cp_async_commit();
 
   float acc_dk[kDAcc];
@@ -112,83 +117,128 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
 
   const uint32_t k_addr = sm80::smem_u32(sK) + wg * 64 * 128;  // this warpgroup's 64 key rows
   const uint32_t v_addr = sm80::smem_u32(sV) + wg * 64 * 128;
-  const uint32_t ds_addr = sm80::smem_u32(sdS);
-  const uint32_t kfull_addr = sm80::smem_u32(sK);
+  // dQ = dS K operands of this warpgroup: its 64 queries (a 64-column block of dS^T) and all
+  // of K, or all queries and its 64-column block of K.
+  const uint32_t dq_a_addr = sm80::smem_u32(sdS) + (Cfg::kDqByRows ? wg * kBlockN * 128 : 0);
+  const uint32_t dq_b_addr = sm80::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
+  float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
   for (int step = 0; step < steps; ++step) {
-    const int head = head_kv * p.group + step / n_q_blocks;
-    const int m_block = m_begin + step % n_q_blocks;
     const int m0 = m_block * kBlockM;
+    int next_head = head;
+    int next_m_block = m_block + 1;
+    if (next_m_block == m_end) {
+      next_m_block = m_begin;
+      ++next_head;
+    }
     const int stage = step % 2;
     const uint32_t q_addr = sm80::smem_u32(sQ + stage * TileQ::kElems);
     const uint32_t do_addr = sm80::smem_u32(sdO + stage * TileQ::kElems);
-    const float* lse2 = sStats + stage * 128;
-    const float* dsum = lse2 + 64;
+    const float* lse2 = sStats + stage * 2 * kBlockM;
+    const float* dsum = lse2 + kBlockM;
 
     sm80::cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // this step's tiles landed; the last step is done with sdS and buffers
-    if (step + 1 < steps) load_step(step + 1, 1 - stage);
+    if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
     sm80::cp_async_commit();
 
-    // S^T and dP^T: m64 (this warpgroup's keys) x n64 (queries), k = head_dim.
-    float acc_s[32];
-    float acc_dp[32];
+    // S^T and dP^T: m64 (this warpgroup's keys) x kBlockM (queries), k = head_dim, as two
+    // wgmma groups: the exponentials below run while the dP^T group is still on the tensor cores.
+    float acc_s[kSAcc];
+    float acc_dp[kSAcc];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc_s[i] = acc_dp[i] = 0.0f;
+    for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kBlockN * 128;
       const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kBlockM * 128;
-      wgmma_ss<T, 64>(acc_s, smem_desc(k_addr + off_a, 16, 1024),
-                      smem_desc(q_addr + off_b, 16, 1024), kk > 0);
+      wgmma_ss<T, kBlockM>(acc_s, smem_desc(k_addr + off_a, 16, 1024),
+                           smem_desc(q_addr + off_b, 16, 1024), kk > 0);
     }
+    wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kBlockN * 128;
       const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kBlockM * 128;
-      wgmma_ss<T, 64>(acc_dp, smem_desc(v_addr + off_a, 16, 1024),
-                      smem_desc(do_addr + off_b, 16, 1024), kk > 0);
+      wgmma_ss<T, kBlockM>(acc_dp, smem_desc(v_addr + off_a, 16, 1024),
+                           smem_desc(do_addr + off_b, 16, 1024), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();
+    fence_registers(acc_s);
 
-    // P^T and dS^T. Accumulator element (row, col) = (key, query): rows 16 warp + g (+8),
-    // columns 8 j + 2 t (+1).
-    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
-                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    uint32_t pt[4][4];   // P^T as the A operand of dV += P^T dO: k16 steps over the queries
-    uint32_t dst[4][4];  // dS^T likewise for dK += dS^T Q
+    // P^T in place of S^T (fp32). Accumulator element (row, col) = (key, query): rows
+    // 16 warp + g (+8), columns 8 j + 2 t (+1).
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float pv[4], dv[4];
+    for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e % 2);
-        const int key = n0 + wg * 64 + warp * 16 + g + (e / 2) * 8;
-        float prob = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
-        if (need_mask && (key >= seqlen_k || (p.causal && key > m0 + col + diag))) prob = 0.0f;
-        pv[e] = prob;
-        dv[e] = prob * (acc_dp[4 * j + e] - dsum[col]);
+        acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+      }
+    }
+    // Masks, only where the block meets the end of the keys or the causal diagonal: in row
+    // `key` the columns below `lo` are masked (key past seqlen_k: all of them).
+    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
+                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int key = n0 + wg * 64 + warp * 16 + g + hh * 8;
+        int lo = p.causal ? key - m0 - diag : 0;
+        if (key >= seqlen_k) lo = kBlockM;
+        lo -= 2 * t;  // against the compile-time part of the column
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (8 * j + e < lo) acc_s[4 * j + 2 * hh + e] = 0.0f;
+          }
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(acc_dp);
+
+    uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
+    uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      float dv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e % 2);
+        dv[e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - dsum[col]);
       }
       // Columns 8j..8j+7 are half of k16 step j / 2: registers {0,1} of the step for even j,
       // {2,3} for odd j.
-      pt[j / 2][(j % 2) * 2 + 0] = sm80::pack2<T>(pv[0], pv[1]);
-      pt[j / 2][(j % 2) * 2 + 1] = sm80::pack2<T>(pv[2], pv[3]);
+      pt[j / 2][(j % 2) * 2 + 0] = sm80::pack2<T>(acc_s[4 * j + 0], acc_s[4 * j + 1]);
+      pt[j / 2][(j % 2) * 2 + 1] = sm80::pack2<T>(acc_s[4 * j + 2], acc_s[4 * j + 3]);
       dst[j / 2][(j % 2) * 2 + 0] = sm80::pack2<T>(dv[0], dv[1]);
       dst[j / 2][(j % 2) * 2 + 1] = sm80::pack2<T>(dv[2], dv[3]);
     }
 
     // dS^T to shared memory, [keys][queries], for dQ = dS K (before the wgmmas below take
-    // these registers as operands: in-flight operand registers must not be touched).
+    // these registers as operands: in-flight operand registers must not be touched). The
+    // swizzle of TileDS::offset written out: this thread's rows all have r % 8 == g, so the
+    // 16-byte chunk j of a 64-column block lands at chunk j ^ g, one XOR per j; the rest of the
+    // offset is the row base and immediates.
+    {
+      T* ds_row = sdS + (wg * 64 + warp * 16 + g) * 64 + 2 * t;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int jl = 0; jl < 8; ++jl) {
+        const int chunk = ((jl ^ g) << 3);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = wg * 64 + warp * 16 + g + hh * 8;
-        *reinterpret_cast<uint32_t*>(sdS + TileDS::offset(r, 8 * j + 2 * t)) =
-            dst[j / 2][(j % 2) * 2 + hh];
+        for (int jh = 0; jh < kBlockM / 64; ++jh) {
+          const int j = jh * 8 + jl;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            *reinterpret_cast<uint32_t*>(ds_row + jh * kBlockN * 64 + hh * 8 * 64 + chunk) =
+                dst[j / 2][(j % 2) * 2 + hh];
+          }
+        }
       }
     }
     fence_proxy_async();
@@ -196,48 +246,35 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
     // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major (rows = queries = k, head_dim = n).
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+    for (int kk = 0; kk < kQSteps; ++kk) {
       wgmma_rs<T, kHeadDim>(acc_dv, pt[kk],
                             smem_desc(do_addr + kk * 2048, kBlockM * 128, 1024), 1);
     }
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+    for (int kk = 0; kk < kQSteps; ++kk) {
       wgmma_rs<T, kHeadDim>(acc_dk, dst[kk],
                             smem_desc(q_addr + kk * 2048, kBlockM * 128, 1024), 1);
     }
     wgmma_commit();
     __syncthreads();  // both warpgroups' dS^T rows are in place
 
-    // dQ = dS K: A = dS (queries x keys) read MN-major from dS^T, B = K MN-major.
-    float acc_dq[kQAcc];
+    // dQ = dS K over all 128 keys: A = dS (queries x keys) read MN-major from dS^T, B = K
+    // MN-major; this warpgroup's 64 x 64 part (see dq_a_addr, dq_b_addr).
+    float acc_dq[32];
 #pragma unroll
-    for (int i = 0; i < kQAcc; ++i) acc_dq[i] = 0.0f;
+    for (int i = 0; i < 32; ++i) acc_dq[i] = 0.0f;
     wgmma_fence();
-    // Each warpgroup: all 128 keys, its half of the head dim (a 64-column block of sK).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_ss_tt<T, Cfg::kDqN>(
-          acc_dq, smem_desc(ds_addr + kk * 2048, kBlockN * 128, 1024),
-          smem_desc(kfull_addr + wg * kBlockN * 128 + kk * 2048, kBlockN * 128, 1024), kk > 0);
+      wgmma_ss_tt<T, 64>(acc_dq, smem_desc(dq_a_addr + kk * 2048, kBlockN * 128, 1024),
+                         smem_desc(dq_b_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
+    fence_registers(acc_dq);
 
-    // dQ tile to shared memory (the layout of the accumulator's tiles), then one bulk add.
-    float* my_dq = sDQ + wg * 64 * 64;
-    const bool leader = (tid % 128) == 0;
-    if (leader) bulk_wait_read();  // the last step's bulk add has finished reading my_dq
-    named_barrier_sync(1 + wg, 128);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = warp * 16 + g + hh * 8;
-#pragma unroll
-      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
-        *reinterpret_cast<float2*>(my_dq + dq_tile_offset(r, 8 * j + 2 * t)) =
-            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
-      }
-    }
-    fence_proxy_async();
+    // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
+    // tiles), then one bulk add of them. Deterministic: in key-block order behind a semaphore.
     int* sem = nullptr;
     if (p.deterministic) {
       sem = p.dq_semaphore +
@@ -247,20 +284,31 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
         }
         __threadfence();
       }
-      __syncthreads();  // also: every warpgroup's tile is written
-    } else {
-      named_barrier_sync(1 + wg, 128);
+      __syncthreads();
     }
-    {
+    if (lane == 0) bulk_wait_read();  // the last step's add has finished reading warp_dq
+    __syncwarp();
+    // dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t, and r % 8 == g here.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float* dq_row = warp_dq + g * 64 + ((j ^ g) << 3) + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        *reinterpret_cast<float2*>(dq_row + hh * 8 * 64) =
+            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
+      }
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+      // The warpgroup's tile: queries m0 + 64 wg (split by rows) or its 64-column block (split
+      // by columns); either way 64 * 64 floats past the step's first row.
       const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
-      float* dst = p.dq_accum + head_rows * p.head_dim_padded + int64_t(m0) * p.head_dim_padded +
-                   wg * 64 * 64;  // the warpgroup's 64-column tile
-      if (leader) {
-        bulk_reduce_add_f32(dst, my_dq, 64 * 64 * 4);
-        if (p.deterministic) {
-          bulk_wait_all();
-          __threadfence();
-        }
+      float* dst_tile = p.dq_accum + (head_rows + m0) * p.head_dim_padded + wg * 64 * 64;
+      bulk_reduce_add_f32(dst_tile + warp * 16 * 64, warp_dq, 16 * 64 * 4);
+      if (p.deterministic) {
+        bulk_wait_all();
+        __threadfence();
       }
     }
     if (p.deterministic) {
@@ -270,8 +318,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
         atomicExch(sem, n_block + 1);
       }
     }
+    head = next_head;
+    m_block = next_m_block;
   }
-  if ((tid % 128) == 0) bulk_wait_all();  // shared memory stays until the adds have read it
+  if (lane == 0) bulk_wait_all();  // shared memory stays until the adds have read it
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles).
   sm80::cp_async_wait<0>();
@@ -298,10 +348,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 3 - kWarpGroups)
 #endif
 }
 
-template <class T, int kHeadDim, int kWarpGroups>
+template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
-  using Cfg = BwdConfig<kHeadDim, kWarpGroups>;
-  auto kernel = bwd_kernel<T, kHeadDim, kWarpGroups>;
+  using Cfg = BwdConfig<kHeadDim>;
+  auto kernel = bwd_kernel<T, kHeadDim>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -318,7 +368,7 @@ cudaError_t launch_bwd(const cuda::BwdParams& params, cudaStream_t stream) {
   sm80::bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  err = launch_bwd_main<T, kHeadDim, 2>(p, stream);
+  err = launch_bwd_main<T, kHeadDim>(p, stream);
   if (err != cudaSuccess) return err;
   const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
   sm80::bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);

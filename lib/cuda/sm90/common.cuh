@@ -9,6 +9,14 @@
 namespace flashattn {
 namespace sm90 {
 
+// The dynamic shared memory rounded up to 1024 bytes (128B-swizzled operands need that
+// alignment), as an offset from the __shared__ array itself: a pointer rebuilt from an integer
+// loses its address space, and every access through it becomes a generic 64-bit one.
+__device__ __forceinline__ unsigned char* smem_align1024(unsigned char* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return smem + ((1024u - (addr & 1023u)) & 1023u);
+}
+
 // Shared-memory matrix descriptor for a 128B-swizzled operand.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   uint64_t d = 0;
@@ -43,6 +51,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Pins accumulator registers after a wgmma wait: the compiler may not move their reads above
+// it (the wait itself names no registers).
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 
 // Named barrier over `threads` threads (id 0 is __syncthreads').
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

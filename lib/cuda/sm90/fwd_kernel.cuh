@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(128, 2) fwd_kernel(const cuda::FwdParams p) {
   using TileKV = typename Cfg::TileKV;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* base = smem_align1024(smem_raw);
   T* sQ = reinterpret_cast<T*>(base);
   T* sK = reinterpret_cast<T*>(base + Cfg::kQBytes);
   T* sV = reinterpret_cast<T*>(base + Cfg::kQBytes + Cfg::kKVBytes);

@@ -87,9 +87,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     (HERE / "wgmma.cuh").write_text("\n".join(parts))
 
 
-# The Hopper backward's fast paths; others run the sm80 backward (at 64 it measured faster:
-# docs/perf/kernel-log.md).
-BWD_HEAD_DIMS = [128]
+# The Hopper backward's head dims (bwd_config.cuh); the others run the sm80 backward.
+BWD_HEAD_DIMS = [64, 128]
 KERNELS = {
     "fwd": ("cuda/sm90/fwd_kernel.cuh", "launch_fwd", "cuda::FwdParams", HEAD_DIMS),
     "bwd": ("cuda/sm90/bwd_kernel.cuh", "launch_bwd", "cuda::BwdParams", BWD_HEAD_DIMS),
