@@ -87,7 +87,13 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 flashattn_tensor_t DeviceSet::upload(const HostTensor& t) {
   const void* key = t.storage_data();
   auto it = mem_.find(key);
-  if (it == mem_.end()) it = mem_.emplace(key, DeviceMemory(t.storage_bytes())).first;
+  if (it == mem_.end()) {
+    it = mem_.emplace(key, DeviceMemory(t.storage_bytes())).first;
+  } else if (it->second.size() < t.storage_bytes()) {
+    // The host allocator gave a freed tensor's address to a larger one: a new mirror.
+    it->second = DeviceMemory(t.storage_bytes());
+  }
+  INFO("upload of " << t.storage_bytes() << " bytes into a mirror of " << it->second.size());
   GPU_CUDA_OK(cudaMemcpy(it->second.get(), t.storage_data(), t.storage_bytes(),
                          cudaMemcpyHostToDevice));
   return t.view_at(it->second.get());

@@ -31,6 +31,8 @@ const Case kSweep[] = {
     {"97x150 K/V broadcast over batch, scale 0.3", BF16, 2, 97, 150, 2, 2, 128, false, 0.3f,
      Layout::BroadcastKV},
     {"77x91 odd strides", F16, 1, 77, 91, 2, 1, 40, true, 0.0f, Layout::PaddedOdd},
+    {"150x77 causal GQA padded", BF16, 2, 150, 77, 4, 2, 256, true, 0.0f, Layout::Padded},
+    {"131x300 GQA, scale 0.2", F16, 1, 131, 300, 6, 3, 256, false, 0.2f, Layout::Contiguous},
 };
 
 }  // namespace
@@ -66,45 +68,54 @@ TEST_CASE("backward: GQA reductions of dk and dv over 8 query heads") {
   gpu_test::check_backward_case(gqa, tally);
   const Case mqa{"8:1 MQA", F16, 1, 150, 150, 8, 1, 128, false, 0.0f, Layout::Contiguous};
   gpu_test::check_backward_case(mqa, tally);
+  const Case gqa256{"8:2 GQA d256", F16, 1, 130, 190, 8, 2, 256, true, 0.0f, Layout::Contiguous};
+  gpu_test::check_backward_case(gqa256, tally);
 }
 
 TEST_CASE("backward: deterministic = 1 gives bit-identical dq, dk, dv run after run") {
   flashattn_context_t ctx = gpu_test::shared_context();
   FlashTally tally("backward determinism");
-  const Case c{"GQA 4:1 causal", BF16, 2, 333, 517, 4, 1, 128, true, 0.0f, Layout::Contiguous};
-  gpu_test::Inputs in = gpu_test::make_inputs(c, 5);
-  HostTensor out = gpu_test::output_like(c, c.nq, c.hq), dout = gpu_test::output_like(c, c.nq, c.hq);
-  out.fill_normal(6);
-  dout.fill_normal(7);
-  HostTensor lse = HostTensor::lse(c.b, c.hq, c.nq);
-  lse.fill_normal(8, 5.0, 1.0);  // plausible log-sum-exps; only repeatability is asserted
-  gpu_test::DeviceSet dev;
-  const flashattn_tensor_t qd = dev.upload(in.q), kd = dev.upload(in.k), vd = dev.upload(in.v);
-  const flashattn_tensor_t od = dev.upload(out), dod = dev.upload(dout), ld = dev.upload(lse);
+  // Each head dim with a kernel of its own on Hopper (and the sm80 one elsewhere).
+  for (const int64_t d : {64, 128, 256}) {
+    const Case c{"GQA 4:1 causal", BF16, 2, 333, 517, 4, 1, d, true, 0.0f, Layout::Contiguous};
+    CAPTURE(d);
+    gpu_test::Inputs in = gpu_test::make_inputs(c, 5);
+    HostTensor out = gpu_test::output_like(c, c.nq, c.hq);
+    HostTensor dout = gpu_test::output_like(c, c.nq, c.hq);
+    out.fill_normal(6);
+    dout.fill_normal(7);
+    HostTensor lse = HostTensor::lse(c.b, c.hq, c.nq);
+    lse.fill_normal(8, 5.0, 1.0);  // plausible log-sum-exps; only repeatability is asserted
+    gpu_test::DeviceSet dev;
+    const flashattn_tensor_t qd = dev.upload(in.q), kd = dev.upload(in.k), vd = dev.upload(in.v);
+    const flashattn_tensor_t od = dev.upload(out), dod = dev.upload(dout), ld = dev.upload(lse);
 
-  for (flashattn_algorithm_t algorithm : {FLASHATTN_ALGORITHM_STANDARD, FLASHATTN_ALGORITHM_FLASH}) {
-    const flashattn_options_t opts = gpu_test::options_for(c, algorithm, /*deterministic=*/1);
-    if (algorithm == FLASHATTN_ALGORITHM_FLASH && !tally.supported(ctx, qd, kd, vd, opts, 1, c)) {
-      continue;
+    for (flashattn_algorithm_t algorithm :
+         {FLASHATTN_ALGORITHM_STANDARD, FLASHATTN_ALGORITHM_FLASH}) {
+      const flashattn_options_t opts = gpu_test::options_for(c, algorithm, /*deterministic=*/1);
+      if (algorithm == FLASHATTN_ALGORITHM_FLASH &&
+          !tally.supported(ctx, qd, kd, vd, opts, 1, c)) {
+        continue;
+      }
+      CAPTURE(algorithm);
+      HostTensor runs[2][3];
+      for (auto& run : runs) {
+        run[0] = gpu_test::output_like(c, c.nq, c.hq);
+        run[1] = gpu_test::output_like(c, c.nk, c.hkv);
+        run[2] = gpu_test::output_like(c, c.nk, c.hkv);
+        for (HostTensor& g : run) g.poison();
+        const flashattn_tensor_t dqd = dev.upload(run[0]), dkd = dev.upload(run[1]),
+                                 dvd = dev.upload(run[2]);
+        GPU_FA_OK(flashattn_backward(ctx, &qd, &kd, &vd, &od, &dod, &ld, &dqd, &dkd, &dvd,
+                                     &opts, nullptr, 0));
+        GPU_FA_OK(flashattn_context_synchronize(ctx));
+        for (HostTensor& g : run) dev.download(g);
+      }
+      if (algorithm == FLASHATTN_ALGORITHM_FLASH) tally.ran();
+      CHECK_MESSAGE(gpu_test::same_bytes(runs[0][0], runs[1][0]), "dq differs between runs");
+      CHECK_MESSAGE(gpu_test::same_bytes(runs[0][1], runs[1][1]), "dk differs between runs");
+      CHECK_MESSAGE(gpu_test::same_bytes(runs[0][2], runs[1][2]), "dv differs between runs");
     }
-    CAPTURE(algorithm);
-    HostTensor runs[2][3];
-    for (auto& run : runs) {
-      run[0] = gpu_test::output_like(c, c.nq, c.hq);
-      run[1] = gpu_test::output_like(c, c.nk, c.hkv);
-      run[2] = gpu_test::output_like(c, c.nk, c.hkv);
-      for (HostTensor& g : run) g.poison();
-      const flashattn_tensor_t dqd = dev.upload(run[0]), dkd = dev.upload(run[1]),
-                               dvd = dev.upload(run[2]);
-      GPU_FA_OK(flashattn_backward(ctx, &qd, &kd, &vd, &od, &dod, &ld, &dqd, &dkd, &dvd, &opts,
-                                   nullptr, 0));
-      GPU_FA_OK(flashattn_context_synchronize(ctx));
-      for (HostTensor& g : run) dev.download(g);
-    }
-    if (algorithm == FLASHATTN_ALGORITHM_FLASH) tally.ran();
-    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][0], runs[1][0]), "dq differs between runs");
-    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][1], runs[1][1]), "dk differs between runs");
-    CHECK_MESSAGE(gpu_test::same_bytes(runs[0][2], runs[1][2]), "dv differs between runs");
   }
 }
 

@@ -38,5 +38,33 @@ struct BwdConfig {
                 "one 64 x 64 dQ tile per warpgroup");
 };
 
+// Head dim 256 (bwd_split_kernel.cuh): dK and dV of 64 keys x 256 do not fit one warpgroup's
+// registers, so the two warpgroups share 64 keys and split the head dim (128 columns of dK, dV
+// and dQ each) and the step's 64 queries for S^T and dP^T (32 each). P^T and dS^T go through
+// shared memory. A step's fp32 dQ tile (64 x 256) is staged in the spent Q/dO stage, which is
+// exactly its size, as in the sm80 kernel.
+template <int kHeadDim_>
+struct BwdSplitConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kNThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64;  // queries per step
+  static constexpr int kBlockN = 64;  // keys per CTA
+  static constexpr int kDSplit = kHeadDim / kWarpGroups;  // dK, dV, dQ columns per warpgroup
+  static constexpr int kQSplit = kBlockM / kWarpGroups;   // S^T, dP^T queries per warpgroup
+  using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
+  using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
+  using TileP = sm80::SwizzledTile<kBlockN, kBlockM>;  // P^T and dS^T: [keys][queries]
+  static constexpr int kKVBytes = TileKV::kElems * 2;
+  static constexpr int kQBytes = TileQ::kElems * 2;
+  static constexpr int kPBytes = TileP::kElems * 2;
+  static constexpr int kStatsBytes = 2 * 2 * kBlockM * 4;  // 2 stages of LSE * log2(e) and D
+  // [K][V][stage 0: Q, dO][stage 1: Q, dO][P^T][dS^T][statistics]
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kPBytes + kStatsBytes + 1024;
+  static_assert(kHeadDim == 256 && kDSplit == 128 && kQSplit == 32, "head dim 256");
+  static_assert(2 * kQBytes == kBlockM * kHeadDim * 4, "a Q/dO stage holds the fp32 dQ tile");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the SM's shared memory");
+};
+
 }  // namespace sm90
 }  // namespace flashattn

@@ -23,6 +23,7 @@
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/bwd_split_kernel.cuh"
 #include "cuda/sm90/common.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -368,7 +369,11 @@ cudaError_t launch_bwd(const cuda::BwdParams& params, cudaStream_t stream) {
   sm80::bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  err = launch_bwd_main<T, kHeadDim>(p, stream);
+  if constexpr (kHeadDim == 256) {
+    err = launch_bwd_split_main<T, kHeadDim>(p, stream);
+  } else {
+    err = launch_bwd_main<T, kHeadDim>(p, stream);
+  }
   if (err != cudaSuccess) return err;
   const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
   sm80::bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);

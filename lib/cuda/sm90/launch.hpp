@@ -13,7 +13,7 @@ namespace sm90 {
 template <class T, int kHeadDim>
 cudaError_t launch_fwd(const cuda::FwdParams& p, cudaStream_t stream);
 
-// Head dims 64 and 128 only (see generate.py's BWD_HEAD_DIMS).
+// Head dims 64, 128 and 256 only (see generate.py's BWD_HEAD_DIMS).
 template <class T, int kHeadDim>
 cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream);
 

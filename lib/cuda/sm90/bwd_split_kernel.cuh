@@ -1,0 +1,356 @@
+// The Hopper (sm_90a) FlashAttention backward main kernel for head dim 256 (see BwdSplitConfig):
+// one CTA per (key block of 64, kv head, batch), two warpgroups sharing the 64 keys. Per step of
+// 64 queries, warpgroup w computes, on wgmma,
+//   S^T = K Q^T and dP^T = V dO^T for its 32 queries  (both from shared memory, two groups)
+//   P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - D), both to shared memory
+//   dV += P^T dO and dK += dS^T Q for its 128 head-dim columns   (all 64 queries)
+//   dQ (partial) = dS K for its 128 head-dim columns             (all 64 keys)
+// dK and dV stay in registers; the step's dQ stays there until the top of the next step, where
+// it is staged in the spent Q/dO stage (after the barrier that ends every read of it) and each
+// warp adds its rows with bulk reduce-adds (in key-block order when deterministic). The
+// accumulator takes the 64 x 64 tiles of dq_tile_offset, which the postprocess reads.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash/params.hpp"
+#include "cuda/sm80/ptx.cuh"
+#include "cuda/sm80/tile.cuh"
+#include "cuda/sm90/arch.cuh"
+#include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/common.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn {
+namespace sm90 {
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
+    bwd_split_kernel(const cuda::BwdParams p) {
+#ifdef FLASHATTN_SM90A_DEVICE
+  using Cfg = BwdSplitConfig<kHeadDim>;
+  constexpr int kThreads = Cfg::kNThreads;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kQSplit = Cfg::kQSplit;     // 32 queries of S^T, dP^T per warpgroup
+  constexpr int kDSplit = Cfg::kDSplit;     // 128 head-dim columns of dK, dV, dQ per warpgroup
+  constexpr int kSAcc = kQSplit / 2;        // S^T, dP^T accumulator registers (m64 x 32)
+  constexpr int kDAcc = kDSplit / 2;        // dK, dV, dQ accumulator registers (m64 x 128)
+  using TileKV = typename Cfg::TileKV;
+  using TileQ = typename Cfg::TileQ;
+  using TileP = typename Cfg::TileP;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = smem_align1024(smem_raw);
+  T* sK = reinterpret_cast<T*>(base);
+  T* sV = reinterpret_cast<T*>(base + Cfg::kKVBytes);
+  T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);  // stage s at sQ + 2 s TileQ::kElems
+  T* sdO = sQ + TileQ::kElems;                             // stage s at sdO + 2 s TileQ::kElems
+  T* sP = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes);
+  T* sdS = sP + TileP::kElems;
+  float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
+                                           2 * Cfg::kPBytes);  // [2 stages][LSE2, D][64]
+
+  const int n_block = blockIdx.x;
+  const int head_kv = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid % 128) / 32;  // accumulator rows 16 warp + g (+8): keys, or queries (dQ)
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int n0 = n_block * kBlockN;
+  const int seqlen_q = p.seqlen_q;
+  const int seqlen_k = p.seqlen_k;
+  const int diag = seqlen_k - seqlen_q;
+  const int rows_k = min(kBlockN, seqlen_k - n0);
+
+  int m_begin = 0;
+  if (p.causal) m_begin = max(0, n0 - diag) / kBlockM;
+  const int m_end = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int n_q_blocks = m_end - m_begin;
+  const int steps = max(0, n_q_blocks) * p.group;
+
+  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
+                head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
+  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
+                head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
+  sm80::load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
+  sm80::load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
+
+  // One step's tiles: Q and dO rows, and the rows' LSE*log2(e) and D (padded rows of the
+  // workspace hold +inf and 0, so they need no predicate).
+  auto load_step = [&](int head, int m_block, int stage) {
+    const int m0 = m_block * kBlockM;
+    const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
+                  head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
+    const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
+                   head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
+    sm80::load_tile<TileQ, kThreads>(sQ + 2 * stage * TileQ::kElems, qg, p.q_row_stride,
+                                     seqlen_q - m0, p.head_dim, tid);
+    sm80::load_tile<TileQ, kThreads>(sdO + 2 * stage * TileQ::kElems, dog, p.do_row_stride,
+                                     seqlen_q - m0, p.head_dim, tid);
+    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
+    if (tid < 2 * kChunks) {
+      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
+      sm80::cp_async_16(sm80::smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
+    }
+  };
+  // Steps run over the query blocks of each query head of the group in turn.
+  int head = head_kv * p.group;
+  int m_block = m_begin;
+  if (steps > 0) load_step(head, m_block, 0);
+  sm80::cp_async_commit();
+
+  float acc_dk[kDAcc];
+  float acc_dv[kDAcc];
+  float acc_dq[kDAcc];
+#pragma unroll
+  for (int i = 0; i < kDAcc; ++i) acc_dk[i] = acc_dv[i] = acc_dq[i] = 0.0f;
+
+  const uint32_t k_addr = sm80::smem_u32(sK);
+  const uint32_t v_addr = sm80::smem_u32(sV);
+  const uint32_t p_addr = sm80::smem_u32(sP);
+  const uint32_t ds_addr = sm80::smem_u32(sdS);
+  // This warpgroup's head-dim columns start at 64-column block 2 wg of K, Q and dO tiles.
+  constexpr uint32_t kColBlockKV = kBlockN * 128;  // bytes of one 64-column block
+  constexpr uint32_t kColBlockQ = kBlockM * 128;
+
+  // The last step's dQ (acc_dq), and where it goes: staged in that step's Q/dO stage at the
+  // top of the next step; each warp adds its 16 rows of each of its two 64-column tiles.
+  int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
+  int* pending_sem = nullptr;
+  auto flush_dq = [&](int stage) {
+    if (pending_sem != nullptr) {
+      if (tid == 0) {
+        while (atomicAdd(pending_sem, 0) != n_block) {
+        }
+        __threadfence();
+      }
+      __syncthreads();
+    }
+    float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
+    // dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t, and r % 8 == g here.
+    float* warp_rows = s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kDSplit / 8; ++j) {
+      float* dst = warp_rows + (j / 8) * 4096 + (((j % 8) ^ g) << 3);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        *reinterpret_cast<float2*>(dst + hh * 8 * 64) =
+            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
+      }
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int off = (2 * wg + c) * 4096 + warp * 16 * 64;
+        bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off, 16 * 64 * 4);
+      }
+      if (pending_sem != nullptr) {
+        bulk_wait_all();
+        __threadfence();
+      }
+    }
+    if (pending_sem != nullptr) {
+      __syncthreads();
+      if (tid == 0) atomicExch(pending_sem, n_block + 1);
+    }
+  };
+
+  for (int step = 0; step < steps; ++step) {
+    const int m0 = m_block * kBlockM;
+    int next_head = head;
+    int next_m_block = m_block + 1;
+    if (next_m_block == m_end) {
+      next_m_block = m_begin;
+      ++next_head;
+    }
+    const int stage = step % 2;
+    const uint32_t q_addr = sm80::smem_u32(sQ + 2 * stage * TileQ::kElems);
+    const uint32_t do_addr = sm80::smem_u32(sdO + 2 * stage * TileQ::kElems);
+    const float* lse2 = sStats + stage * 2 * kBlockM + wg * kQSplit;  // this warpgroup's queries
+    const float* dsum = lse2 + kBlockM;
+
+    sm80::cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // this step's tiles landed; the last step's readers are done
+    if (step > 0) flush_dq(1 - stage);
+
+    // S^T and dP^T: m64 (keys) x n32 (this warpgroup's queries), k = 256; two wgmma groups, so
+    // the exponentials below run while the dP^T group is still on the tensor cores.
+    float acc_s[kSAcc];
+    float acc_dp[kSAcc];
+#pragma unroll
+    for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kColBlockKV;
+      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kColBlockQ + wg * kQSplit * 128;
+      wgmma_ss<T, kQSplit>(acc_s, smem_desc(k_addr + off_a, 16, 1024),
+                           smem_desc(q_addr + off_b, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kColBlockKV;
+      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kColBlockQ + wg * kQSplit * 128;
+      wgmma_ss<T, kQSplit>(acc_dp, smem_desc(v_addr + off_a, 16, 1024),
+                           smem_desc(do_addr + off_b, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_registers(acc_s);
+
+    // P^T in place of S^T. Element (row, col) = (key 16 warp + g (+8), query 8 j + 2 t (+1) of
+    // this warpgroup's 32).
+#pragma unroll
+    for (int j = 0; j < kQSplit / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e % 2);
+        acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+      }
+    }
+    // Masks, only where the block meets the end of the keys or the causal diagonal: in row
+    // `key` the columns below `lo` are masked (key past seqlen_k: all of them).
+    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
+                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int key = n0 + warp * 16 + g + hh * 8;
+        int lo = p.causal ? key - m0 - diag - wg * kQSplit : 0;
+        if (key >= seqlen_k) lo = kQSplit;
+        lo -= 2 * t;  // against the compile-time part of the column
+#pragma unroll
+        for (int j = 0; j < kQSplit / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (8 * j + e < lo) acc_s[4 * j + 2 * hh + e] = 0.0f;
+          }
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(acc_dp);
+
+    // P^T and dS^T to shared memory, [keys][queries]: TileP::offset with this thread's rows
+    // (r % 8 == g) and chunk 4 wg + j of the row written out.
+    {
+      const int row_off = (warp * 16 + g) * 64 + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kQSplit / 8; ++j) {
+        const int off = row_off + (((wg * (kQSplit / 8) + j) ^ g) << 3);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float p0 = acc_s[4 * j + 2 * hh], p1 = acc_s[4 * j + 2 * hh + 1];
+          const float ds0 = p0 * (acc_dp[4 * j + 2 * hh] - dsum[8 * j + 2 * t]);
+          const float ds1 = p1 * (acc_dp[4 * j + 2 * hh + 1] - dsum[8 * j + 2 * t + 1]);
+          *reinterpret_cast<uint32_t*>(sP + off + hh * 8 * 64) = sm80::pack2<T>(p0, p1);
+          *reinterpret_cast<uint32_t*>(sdS + off + hh * 8 * 64) = sm80::pack2<T>(ds0, ds1);
+        }
+      }
+    }
+    fence_proxy_async();
+    // This warp's dQ add has read the other stage before the barrier, so the prefetch after it
+    // may refill that stage.
+    if (step > 0 && lane == 0) bulk_wait_read();
+    __syncthreads();  // P^T and dS^T complete
+    if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
+    sm80::cp_async_commit();
+
+    // dV += P^T dO and dK += dS^T Q: m64 (keys) x n128 (this warpgroup's columns), k = 64
+    // queries; A K-major from [keys][queries], B MN-major.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      wgmma_ss_tb<T, kDSplit>(acc_dv, smem_desc(p_addr + kk * 32, 16, 1024),
+                              smem_desc(do_addr + 2 * wg * kColBlockQ + kk * 2048, kColBlockQ,
+                                        1024),
+                              1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      wgmma_ss_tb<T, kDSplit>(acc_dk, smem_desc(ds_addr + kk * 32, 16, 1024),
+                              smem_desc(q_addr + 2 * wg * kColBlockQ + kk * 2048, kColBlockQ,
+                                        1024),
+                              1);
+    }
+    // dQ = dS K: m64 (queries) x n128 (this warpgroup's columns), k = 64 keys; A = dS read
+    // MN-major from dS^T, B = K MN-major.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      wgmma_ss_tt<T, kDSplit>(acc_dq, smem_desc(ds_addr + kk * 2048, kColBlockKV, 1024),
+                              smem_desc(k_addr + 2 * wg * kColBlockKV + kk * 2048, kColBlockKV,
+                                        1024),
+                              kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dv);
+    fence_registers(acc_dk);
+    fence_registers(acc_dq);
+
+    const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+    pending_dq = (head_rows + m0) * p.head_dim_padded;
+    pending_sem = !p.deterministic
+                      ? nullptr
+                      : p.dq_semaphore +
+                            (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) +
+                            m_block;
+    head = next_head;
+    m_block = next_m_block;
+  }
+  if (steps > 0) {
+    __syncthreads();  // every warp is done reading the last stage
+    flush_dq((steps - 1) % 2);
+    if (lane == 0) bulk_wait_all();  // shared memory must outlive the adds' reads
+  }
+
+  // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles) to global memory.
+  sm80::cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp * 16 + g + hh * 8;
+#pragma unroll
+    for (int j = 0; j < kDSplit / 8; ++j) {
+      const int c = wg * kDSplit + 8 * j + 2 * t;
+      *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = sm80::pack2<T>(
+          acc_dk[4 * j + 2 * hh] * p.scale, acc_dk[4 * j + 2 * hh + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(sV + TileKV::offset(r, c)) =
+          sm80::pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
+    }
+  }
+  __syncthreads();
+  T* dkg = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride +
+           int64_t(n0) * p.dk_row_stride;
+  T* dvg = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
+           int64_t(n0) * p.dv_row_stride;
+  sm80::store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
+  sm80::store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
+#endif
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_bwd_split_main(const cuda::BwdParams& p, cudaStream_t stream) {
+  using Cfg = BwdSplitConfig<kHeadDim>;
+  auto kernel = bwd_split_kernel<T, kHeadDim>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
+  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace flashattn
