@@ -15,6 +15,7 @@
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/bwd_prepost.cuh"
+#include "cuda/sm80/bwd_step.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/common.cuh"
@@ -52,31 +53,17 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   T* sdS = sP + TileP::kElems;
   float* sStats = reinterpret_cast<float*>(sdS + TileP::kElems);  // [2 stages][LSE2, D][kBlockM]
 
-  const int n_block = blockIdx.x;
-  const int head_kv = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int n0 = n_block * kBlockN;
-  const int seqlen_q = p.seqlen_q;
+  const int n0 = blk.n0;
   const int seqlen_k = p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;
-  const int rows_k = min(kBlockN, seqlen_k - n0);
+  const int diag = blk.diag;
 
-  // Query blocks this key block meets: with causal masking, rows i >= n0 - diag.
-  int m_begin = 0;
-  if (p.causal) m_begin = max(0, n0 - diag) / kBlockM;
-  const int m_end = (seqlen_q + kBlockM - 1) / kBlockM;
-
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
-                head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
-                head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  load_tile<TileKV, Cfg::kNThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
-  load_tile<TileKV, Cfg::kNThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
+  load_kv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 
   // Warp roles: row/column offsets of this warp's tile in each phase.
   const int s_r0 = (warp % Cfg::kSdpWarpsM) * Cfg::kSdpRows;
@@ -101,30 +88,18 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const int a_row = (lane / 8 % 2) * 8 + lane % 8, a_half = lane / 16;
   const int b_row = (lane / 16) * 8 + lane % 8, b_half = lane / 8 % 2;
 
-  const int n_q_blocks = m_end - m_begin;
-  const int steps = n_q_blocks * p.group;
-  // One step's tiles: Q and dO rows, and the rows' LSE * log2(e) and D (the workspace holds
-  // every row of a block: rows past seqlen_q have LSE +inf and D 0, so P is 0 there).
-  auto load_step = [&](int step, int stage) {
-    const int head = head_kv * p.group + step / n_q_blocks;
-    const int m0 = (m_begin + step % n_q_blocks) * kBlockM;
-    const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
-                  head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
-    const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                   head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-    load_tile<TileQ, Cfg::kNThreads>(sQ + 2 * stage * TileQ::kElems, qg, p.q_row_stride,
-                                     seqlen_q - m0, p.head_dim, tid);
-    load_tile<TileQ, Cfg::kNThreads>(sdO + 2 * stage * TileQ::kElems, dog, p.do_row_stride,
-                                     seqlen_q - m0, p.head_dim, tid);
-    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
-    if (tid < 2 * kChunks) {
-      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
-      cp_async_16(smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
-    }
+  const int steps = blk.steps;
+  auto load_step = [&](int head, int m_block, int stage) {
+    load_bwd_step<TileQ, Cfg::kNThreads>(p, blk.batch, head, m_block,
+                                         sQ + 2 * stage * TileQ::kElems,
+                                         sdO + 2 * stage * TileQ::kElems,
+                                         sStats + stage * 2 * kBlockM, tid);
   };
   // K and V join the first step's tiles in the first cp.async group.
-  if (steps > 0) load_step(0, 0);
+  // Steps run over the query blocks of each query head of the group in turn.
+  int head = blk.first_head(p);
+  int m_block = blk.m_begin;
+  if (steps > 0) load_step(head, m_block, 0);
   cp_async_commit();
 
   // dQ of the last step, and (bulk path) where it goes: the bulk path stages a step's dQ tile in
@@ -136,14 +111,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   // Stages the last step's dQ tile (acc_dq) in `stage` and adds this warp's part of it with one
   // bulk operation (when deterministic: in key-block order, complete before the semaphore moves).
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) {
-      if (tid == 0) {
-        while (atomicAdd(pending_sem, 0) != n_block) {
-        }
-        __threadfence();
-      }
-      __syncthreads();
-    }
+    if (pending_sem != nullptr) wait_dq_turn(pending_sem, blk.n_block);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);
 #pragma unroll
     for (int mi = 0; mi < kQM; ++mi)
@@ -167,16 +135,14 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) {
-      __syncthreads();
-      if (tid == 0) atomicExch(pending_sem, n_block + 1);
-    }
+    if (pending_sem != nullptr) pass_dq_turn(pending_sem, blk.n_block);
   };
 
   for (int step = 0; step < steps; ++step) {
-    const int head = head_kv * p.group + step / n_q_blocks;
-    const int m_block = m_begin + step % n_q_blocks;
     const int m0 = m_block * kBlockM;
+    int next_head = head;
+    int next_m_block = m_block;
+    blk.next(next_head, next_m_block);
     const int stage = step % 2;
     T* sQs = sQ + 2 * stage * TileQ::kElems;
     T* sdOs = sdO + 2 * stage * TileQ::kElems;
@@ -186,11 +152,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if constexpr (kBulkDq) {
       if (step > 0) flush_dq(1 - stage);
     } else if (step + 1 < steps) {
-      load_step(step + 1, 1 - stage);
+      load_step(next_head, next_m_block, 1 - stage);
       cp_async_commit();
     }
 
-    const int64_t stat_base = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+    const int64_t stat_base = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
     const float* s_lse2 = sStats + stage * 2 * kBlockM;  // this step's rows: LSE * log2(e)
     const float* s_dsum = s_lse2 + kBlockM;              // and D
 
@@ -266,7 +232,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (kBulkDq && step > 0 && lane == 0) sm90::bulk_wait_read();
     __syncthreads();  // P and dS complete
     if (kBulkDq && step + 1 < steps) {
-      load_step(step + 1, 1 - stage);
+      load_step(next_head, next_m_block, 1 - stage);
       cp_async_commit();
     }
 
@@ -336,28 +302,21 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       // Deterministic: add in key-block order, after every lower key block of this query block.
       int* sem = !p.deterministic ? nullptr
                                   : p.dq_semaphore +
-                                        (int64_t(batch) * p.heads_q + head) *
+                                        (int64_t(blk.batch) * p.heads_q + head) *
                                             (p.seqlen_q_rounded / kBlockM) +
                                         m_block;
       if constexpr (kBulkDq) {
         pending_dq = stat_base * p.head_dim_padded;
         pending_sem = sem;
       } else {
-        if (sem != nullptr) {
-          if (tid == 0) {
-            while (atomicAdd(sem, 0) != n_block) {
-            }
-            __threadfence();
-          }
-          __syncthreads();
-        }
+        if (sem != nullptr) wait_dq_turn(sem, blk.n_block);
         float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi) {
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int r = mi * 16 + g + hh * 8;
-            if (m0 + q_r0 + r < seqlen_q) {
+            if (m0 + q_r0 + r < p.seqlen_q) {
 #pragma unroll
               for (int dt = 0; dt < kQD; ++dt) {
                 float* dst = dq + r * p.head_dim_padded + dt * 8 + 2 * t;
@@ -374,11 +333,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
         if (sem != nullptr) {
           __threadfence();
-          __syncthreads();
-          if (tid == 0) atomicExch(sem, n_block + 1);
+          pass_dq_turn(sem, blk.n_block);
         }
       }
     }
+    head = next_head;
+    m_block = next_m_block;
   }
   if constexpr (kBulkDq) {
     if (steps > 0) {
@@ -407,12 +367,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
-  T* dkg = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride +
-           int64_t(n0) * p.dk_row_stride;
-  T* dvg = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
-           int64_t(n0) * p.dv_row_stride;
-  store_tile<TileKV, Cfg::kNThreads>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
-  store_tile<TileKV, Cfg::kNThreads>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
+  store_dkdv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 }
 
 template <class T, int kHeadDim>

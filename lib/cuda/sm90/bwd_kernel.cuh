@@ -19,6 +19,7 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_prepost.cuh"
+#include "cuda/sm80/bwd_step.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/arch.cuh"
@@ -58,56 +59,24 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                                            Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
   // [2 stages][LSE * log2(e), D][kBlockM]
 
-  const int n_block = blockIdx.x;
-  const int head_kv = blockIdx.y;
-  const int batch = blockIdx.z;
+  const sm80::BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
   const int warp = (tid % 128) / 32;  // warp within the warpgroup: accumulator rows 16 warp..
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int n0 = n_block * kBlockN;
-  const int seqlen_q = p.seqlen_q;
-  const int seqlen_k = p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;
-  const int rows_k = min(kBlockN, seqlen_k - n0);
+  const int n0 = blk.n0;
+  const int steps = blk.steps;
 
-  int m_begin = 0;
-  if (p.causal) m_begin = max(0, n0 - diag) / kBlockM;
-  const int m_end = (seqlen_q + kBlockM - 1) / kBlockM;
-  const int n_q_blocks = m_end - m_begin;
-  const int steps = max(0, n_q_blocks) * p.group;
-
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
-                head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
-                head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  sm80::load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
-  sm80::load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
-
-  // One step's tiles: Q and dO rows, and the rows' LSE*log2(e) and D values (padded rows of the
-  // workspace hold +inf and 0, so they need no predicate).
+  sm80::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    const int m0 = m_block * kBlockM;
-    const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
-                  head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
-    const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                   head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-    sm80::load_tile<TileQ, kThreads>(sQ + stage * TileQ::kElems, qg, p.q_row_stride, seqlen_q - m0,
-                                p.head_dim, tid);
-    sm80::load_tile<TileQ, kThreads>(sdO + stage * TileQ::kElems, dog, p.do_row_stride,
-                                seqlen_q - m0, p.head_dim, tid);
-    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
-    if (tid < 2 * kChunks) {
-      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
-      sm80::cp_async_16(sm80::smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
-    }
+    sm80::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block, sQ + stage * TileQ::kElems,
+                                         sdO + stage * TileQ::kElems,
+                                         sStats + stage * 2 * kBlockM, tid);
   };
-  // Steps run over the query blocks of each query head of the group in turn.
-  int head = head_kv * p.group;
-  int m_block = m_begin;
+  int head = blk.first_head(p);
+  int m_block = blk.m_begin;
   if (steps > 0) load_step(head, m_block, 0);
   sm80::cp_async_commit();
 
@@ -127,11 +96,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
-    int next_m_block = m_block + 1;
-    if (next_m_block == m_end) {
-      next_m_block = m_begin;
-      ++next_head;
-    }
+    int next_m_block = m_block;
+    blk.next(next_head, next_m_block);
     const int stage = step % 2;
     const uint32_t q_addr = sm80::smem_u32(sQ + stage * TileQ::kElems);
     const uint32_t do_addr = sm80::smem_u32(sdO + stage * TileQ::kElems);
@@ -151,21 +117,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
     for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kBlockN * 128;
-      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kBlockM * 128;
-      wgmma_ss<T, kBlockM>(acc_s, smem_desc(k_addr + off_a, 16, 1024),
-                           smem_desc(q_addr + off_b, 16, 1024), kk > 0);
-    }
+    wgmma_ss_k<T, kBlockM, kHeadDim>(acc_s, k_addr, kBlockN * 128, q_addr, kBlockM * 128);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kBlockN * 128;
-      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kBlockM * 128;
-      wgmma_ss<T, kBlockM>(acc_dp, smem_desc(v_addr + off_a, 16, 1024),
-                           smem_desc(do_addr + off_b, 16, 1024), kk > 0);
-    }
+    wgmma_ss_k<T, kBlockM, kHeadDim>(acc_dp, v_addr, kBlockN * 128, do_addr, kBlockM * 128);
     wgmma_commit();
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -180,25 +134,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
       }
     }
-    // Masks, only where the block meets the end of the keys or the causal diagonal: in row
-    // `key` the columns below `lo` are masked (key past seqlen_k: all of them).
-    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
-                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int key = n0 + wg * 64 + warp * 16 + g + hh * 8;
-        int lo = p.causal ? key - m0 - diag : 0;
-        if (key >= seqlen_k) lo = kBlockM;
-        lo -= 2 * t;  // against the compile-time part of the column
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (8 * j + e < lo) acc_s[4 * j + 2 * hh + e] = 0.0f;
-          }
-        }
-      }
+    // Masks, only where the block meets the end of the keys or the causal diagonal.
+    if (n0 + kBlockN > p.seqlen_k || (p.causal && n0 + kBlockN - 1 > m0 + blk.diag)) {
+      sm80::mask_transposed<kBlockM>(acc_s, n0 + wg * 64 + warp * 16 + g, m0, t, blk.diag,
+                                     p.seqlen_k, p.causal);
     }
     wgmma_wait<0>();
     fence_registers(acc_dp);
@@ -279,13 +218,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     int* sem = nullptr;
     if (p.deterministic) {
       sem = p.dq_semaphore +
-            (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-      if (tid == 0) {
-        while (atomicAdd(sem, 0) != n_block) {
-        }
-        __threadfence();
-      }
-      __syncthreads();
+            (int64_t(blk.batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
+      sm80::wait_dq_turn(sem, blk.n_block);
     }
     if (lane == 0) bulk_wait_read();  // the last step's add has finished reading warp_dq
     __syncwarp();
@@ -304,7 +238,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (lane == 0) {
       // The warpgroup's tile: queries m0 + 64 wg (split by rows) or its 64-column block (split
       // by columns); either way 64 * 64 floats past the step's first row.
-      const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+      const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
       float* dst_tile = p.dq_accum + (head_rows + m0) * p.head_dim_padded + wg * 64 * 64;
       bulk_reduce_add_f32(dst_tile + warp * 16 * 64, warp_dq, 16 * 64 * 4);
       if (p.deterministic) {
@@ -312,13 +246,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (p.deterministic) {
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        atomicExch(sem, n_block + 1);
-      }
-    }
+    if (p.deterministic) sm80::pass_dq_turn(sem, blk.n_block);
     head = next_head;
     m_block = next_m_block;
   }
@@ -340,12 +268,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
-  T* dkg = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride +
-           int64_t(n0) * p.dk_row_stride;
-  T* dvg = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
-           int64_t(n0) * p.dv_row_stride;
-  sm80::store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
-  sm80::store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
+  sm80::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/sm80/bwd_step.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/arch.cuh"
@@ -53,56 +54,25 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
                                            2 * Cfg::kPBytes);  // [2 stages][LSE2, D][64]
 
-  const int n_block = blockIdx.x;
-  const int head_kv = blockIdx.y;
-  const int batch = blockIdx.z;
+  const sm80::BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int warp = (tid % 128) / 32;  // accumulator rows 16 warp + g (+8): keys, or queries (dQ)
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int n0 = n_block * kBlockN;
-  const int seqlen_q = p.seqlen_q;
-  const int seqlen_k = p.seqlen_k;
-  const int diag = seqlen_k - seqlen_q;
-  const int rows_k = min(kBlockN, seqlen_k - n0);
+  const int n0 = blk.n0;
+  const int steps = blk.steps;
 
-  int m_begin = 0;
-  if (p.causal) m_begin = max(0, n0 - diag) / kBlockM;
-  const int m_end = (seqlen_q + kBlockM - 1) / kBlockM;
-  const int n_q_blocks = m_end - m_begin;
-  const int steps = max(0, n_q_blocks) * p.group;
-
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
-                head_kv * p.k_head_stride + int64_t(n0) * p.k_row_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
-                head_kv * p.v_head_stride + int64_t(n0) * p.v_row_stride;
-  sm80::load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, rows_k, p.head_dim, tid);
-  sm80::load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, rows_k, p.head_dim, tid);
-
-  // One step's tiles: Q and dO rows, and the rows' LSE*log2(e) and D (padded rows of the
-  // workspace hold +inf and 0, so they need no predicate).
+  sm80::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    const int m0 = m_block * kBlockM;
-    const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
-                  head * p.q_head_stride + int64_t(m0) * p.q_row_stride;
-    const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                   head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-    sm80::load_tile<TileQ, kThreads>(sQ + 2 * stage * TileQ::kElems, qg, p.q_row_stride,
-                                     seqlen_q - m0, p.head_dim, tid);
-    sm80::load_tile<TileQ, kThreads>(sdO + 2 * stage * TileQ::kElems, dog, p.do_row_stride,
-                                     seqlen_q - m0, p.head_dim, tid);
-    constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
-    if (tid < 2 * kChunks) {
-      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-      const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
-      sm80::cp_async_16(sm80::smem_u32(sStats + stage * 2 * kBlockM + tid * 4), src, 16);
-    }
+    sm80::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block,
+                                         sQ + 2 * stage * TileQ::kElems,
+                                         sdO + 2 * stage * TileQ::kElems,
+                                         sStats + stage * 2 * kBlockM, tid);
   };
-  // Steps run over the query blocks of each query head of the group in turn.
-  int head = head_kv * p.group;
-  int m_block = m_begin;
+  int head = blk.first_head(p);
+  int m_block = blk.m_begin;
   if (steps > 0) load_step(head, m_block, 0);
   sm80::cp_async_commit();
 
@@ -125,14 +95,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
   int* pending_sem = nullptr;
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) {
-      if (tid == 0) {
-        while (atomicAdd(pending_sem, 0) != n_block) {
-        }
-        __threadfence();
-      }
-      __syncthreads();
-    }
+    if (pending_sem != nullptr) sm80::wait_dq_turn(pending_sem, blk.n_block);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
     // dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t, and r % 8 == g here.
     float* warp_rows = s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64 + 2 * t;
@@ -158,20 +121,14 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) {
-      __syncthreads();
-      if (tid == 0) atomicExch(pending_sem, n_block + 1);
-    }
+    if (pending_sem != nullptr) sm80::pass_dq_turn(pending_sem, blk.n_block);
   };
 
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
-    int next_m_block = m_block + 1;
-    if (next_m_block == m_end) {
-      next_m_block = m_begin;
-      ++next_head;
-    }
+    int next_m_block = m_block;
+    blk.next(next_head, next_m_block);
     const int stage = step % 2;
     const uint32_t q_addr = sm80::smem_u32(sQ + 2 * stage * TileQ::kElems);
     const uint32_t do_addr = sm80::smem_u32(sdO + 2 * stage * TileQ::kElems);
@@ -190,21 +147,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
     for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kColBlockKV;
-      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kColBlockQ + wg * kQSplit * 128;
-      wgmma_ss<T, kQSplit>(acc_s, smem_desc(k_addr + off_a, 16, 1024),
-                           smem_desc(q_addr + off_b, 16, 1024), kk > 0);
-    }
+    const uint32_t my_rows = wg * kQSplit * 128;  // this warpgroup's queries of Q and dO
+    wgmma_ss_k<T, kQSplit, kHeadDim>(acc_s, k_addr, kColBlockKV, q_addr + my_rows, kColBlockQ);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t off_a = (kk % 4) * 32 + (kk / 4) * kColBlockKV;
-      const uint32_t off_b = (kk % 4) * 32 + (kk / 4) * kColBlockQ + wg * kQSplit * 128;
-      wgmma_ss<T, kQSplit>(acc_dp, smem_desc(v_addr + off_a, 16, 1024),
-                           smem_desc(do_addr + off_b, 16, 1024), kk > 0);
-    }
+    wgmma_ss_k<T, kQSplit, kHeadDim>(acc_dp, v_addr, kColBlockKV, do_addr + my_rows, kColBlockQ);
     wgmma_commit();
     wgmma_wait<1>();
     fence_registers(acc_s);
@@ -219,25 +165,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
         acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
       }
     }
-    // Masks, only where the block meets the end of the keys or the causal diagonal: in row
-    // `key` the columns below `lo` are masked (key past seqlen_k: all of them).
-    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
-                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int key = n0 + warp * 16 + g + hh * 8;
-        int lo = p.causal ? key - m0 - diag - wg * kQSplit : 0;
-        if (key >= seqlen_k) lo = kQSplit;
-        lo -= 2 * t;  // against the compile-time part of the column
-#pragma unroll
-        for (int j = 0; j < kQSplit / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (8 * j + e < lo) acc_s[4 * j + 2 * hh + e] = 0.0f;
-          }
-        }
-      }
+    // Masks, only where the block meets the end of the keys or the causal diagonal.
+    if (n0 + kBlockN > p.seqlen_k || (p.causal && n0 + kBlockN - 1 > m0 + blk.diag)) {
+      sm80::mask_transposed<kQSplit>(acc_s, n0 + warp * 16 + g, m0 + wg * kQSplit, t, blk.diag,
+                                     p.seqlen_k, p.causal);
     }
     wgmma_wait<0>();
     fence_registers(acc_dp);
@@ -299,13 +230,13 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     fence_registers(acc_dk);
     fence_registers(acc_dq);
 
-    const int64_t head_rows = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+    const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
     pending_dq = (head_rows + m0) * p.head_dim_padded;
-    pending_sem = !p.deterministic
-                      ? nullptr
-                      : p.dq_semaphore +
-                            (int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) +
-                            m_block;
+    pending_sem = !p.deterministic ? nullptr
+                                   : p.dq_semaphore +
+                                         (int64_t(blk.batch) * p.heads_q + head) *
+                                             (p.seqlen_q_rounded / kBlockM) +
+                                         m_block;
     head = next_head;
     m_block = next_m_block;
   }
@@ -331,12 +262,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
-  T* dkg = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride +
-           int64_t(n0) * p.dk_row_stride;
-  T* dvg = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
-           int64_t(n0) * p.dv_row_stride;
-  sm80::store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sK, rows_k, p.head_dim, tid);
-  sm80::store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sV, rows_k, p.head_dim, tid);
+  sm80::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/arch.cuh"
+#include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn {
 namespace sm90 {
@@ -57,6 +58,18 @@ template <int N>
 __device__ __forceinline__ void fence_registers(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// acc = A B^T over k = kK for two K-major operands (rows of kK elements in 128B-swizzled tiles
+// stored as 64-column blocks, a_block and b_block bytes apart): the shape of S = Q K^T.
+template <class T, int N, int kK>
+__device__ __forceinline__ void wgmma_ss_k(float (&acc)[N / 2], uint32_t a, uint32_t a_block,
+                                           uint32_t b, uint32_t b_block) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    wgmma_ss<T, N>(acc, smem_desc(a + (kk % 4) * 32 + (kk / 4) * a_block, 16, 1024),
+                   smem_desc(b + (kk % 4) * 32 + (kk / 4) * b_block, 16, 1024), kk > 0);
+  }
 }
 
 // Named barrier over `threads` threads (id 0 is __syncthreads').
