@@ -121,15 +121,12 @@ bool use_sm90_forward(const DeviceInfo& dev) {
   return kHaveSm90a && dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80();
 }
 
-// The Hopper backward exists for head dims 64, 128 and 256; the others take the sm80 one.
 bool use_sm90_backward(const DeviceInfo& dev, int hdim) {
-  return use_sm90_forward(dev) && (hdim == 64 || hdim == 128 || hdim == 256);
+  return use_sm90_forward(dev) && sm90::has_backward(hdim);
 }
 
 int bwd_smem_for(const DeviceInfo& dev, int hdim) {
-  if (!use_sm90_backward(dev, hdim)) return bwd_smem(hdim);
-  if (hdim == 256) return sm90::BwdSplitConfig<256>::kSmemBytes;
-  return hdim == 64 ? sm90::BwdConfig<64>::kSmemBytes : sm90::BwdConfig<128>::kSmemBytes;
+  return use_sm90_backward(dev, hdim) ? sm90::bwd_smem_bytes(hdim) : bwd_smem(hdim);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -145,7 +142,7 @@ constexpr const char* kLayoutReason =
 
 template <int kHeadDim>
 cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, bool sm90, cudaStream_t stream) {
-  constexpr bool kSm90Path = kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256;
+  constexpr bool kSm90Path = sm90::has_backward(kHeadDim);
   if (dtype == DType::BF16) {
 #ifdef FLASHATTN_DTYPE_BF16
 #ifdef FLASHATTN_HAVE_SM90A

@@ -66,5 +66,16 @@ struct BwdSplitConfig {
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM's shared memory");
 };
 
+// The head dims the Hopper backward serves (the others run the sm80 one; generate.py's
+// BWD_HEAD_DIMS lists the same) and the shared memory its kernel for one of them takes.
+constexpr bool has_backward(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+constexpr int bwd_smem_bytes(int head_dim) {
+  return head_dim == 256  ? BwdSplitConfig<256>::kSmemBytes
+         : head_dim == 64 ? BwdConfig<64>::kSmemBytes
+                          : BwdConfig<128>::kSmemBytes;
+}
+
 }  // namespace sm90
 }  // namespace flashattn

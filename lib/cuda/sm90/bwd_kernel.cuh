@@ -18,13 +18,11 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
-#include "cuda/sm80/bwd_prepost.cuh"
 #include "cuda/sm80/bwd_step.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
 #include "cuda/sm90/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
-#include "cuda/sm90/bwd_split_kernel.cuh"
 #include "cuda/sm90/common.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -223,16 +221,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
     if (lane == 0) bulk_wait_read();  // the last step's add has finished reading warp_dq
     __syncwarp();
-    // dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t, and r % 8 == g here.
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float* dq_row = warp_dq + g * 64 + ((j ^ g) << 3) + 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        *reinterpret_cast<float2*>(dq_row + hh * 8 * 64) =
-            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
-      }
-    }
+    stage_dq_rows<64>(warp_dq + g * 64, acc_dq, g, t);
     fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
@@ -281,25 +270,6 @@ cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
   kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <class T, int kHeadDim>
-cudaError_t launch_bwd(const cuda::BwdParams& params, cudaStream_t stream) {
-  cuda::BwdParams p = params;
-  p.dq_tiled = true;
-  const dim3 rows_grid(p.seqlen_q_rounded / 64, p.heads_q, p.batch);
-  sm80::bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  if constexpr (kHeadDim == 256) {
-    err = launch_bwd_split_main<T, kHeadDim>(p, stream);
-  } else {
-    err = launch_bwd_main<T, kHeadDim>(p, stream);
-  }
-  if (err != cudaSuccess) return err;
-  const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
-  sm80::bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

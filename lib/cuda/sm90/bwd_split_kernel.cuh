@@ -97,17 +97,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   auto flush_dq = [&](int stage) {
     if (pending_sem != nullptr) sm80::wait_dq_turn(pending_sem, blk.n_block);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
-    // dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t, and r % 8 == g here.
-    float* warp_rows = s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64 + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kDSplit / 8; ++j) {
-      float* dst = warp_rows + (j / 8) * 4096 + (((j % 8) ^ g) << 3);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        *reinterpret_cast<float2*>(dst + hh * 8 * 64) =
-            make_float2(acc_dq[4 * j + 2 * hh], acc_dq[4 * j + 2 * hh + 1]);
-      }
-    }
+    stage_dq_rows<kDSplit>(s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64, acc_dq, g, t);
     fence_proxy_async();
     __syncwarp();
     if (lane == 0) {

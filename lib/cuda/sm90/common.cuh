@@ -72,11 +72,6 @@ __device__ __forceinline__ void wgmma_ss_k(float (&acc)[N / 2], uint32_t a, uint
   }
 }
 
-// Named barrier over `threads` threads (id 0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Bulk reduce-add of `bytes` (a multiple of 16) of fp32 from shared to global memory, in this
 // thread's bulk group.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
@@ -106,6 +101,24 @@ __device__ __forceinline__ void bulk_wait_all() {
 // fragment hit every bank: the float offset of (r, c) inside a tile, c even.
 __host__ __device__ __forceinline__ int dq_tile_offset(int r, int c) {
   return r * 64 + 2 * ((c >> 1) ^ ((r & 7) << 2)) + (c & 1);
+}
+
+// Writes this thread's part of a warp's 16 accumulator rows (m64nN layout: rows g, g + 8 of the
+// warp, columns 8 j + 2 t (+1)) into consecutive 64 x 64 tiles of that layout; `rows` is the
+// first tile's row 16 warp + g. dq_tile_offset(r, 8 j + 2 t) = 64 r + 8 (j ^ (r % 8)) + 2 t with
+// r % 8 == g, so each 16-byte chunk costs one XOR; the rest is immediates.
+template <int N>
+__device__ __forceinline__ void stage_dq_rows(float* rows, const float (&acc)[N / 2], int g,
+                                              int t) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    float* dst = rows + (j / 8) * 4096 + (((j % 8) ^ g) << 3) + 2 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      *reinterpret_cast<float2*>(dst + hh * 8 * 64) =
+          make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+    }
+  }
 }
 
 }  // namespace sm90
