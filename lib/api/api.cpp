@@ -48,16 +48,6 @@ ContextUse::~ContextUse() { state_.busy.store(false, std::memory_order_release);
 
 namespace {
 
-// The int a caller passed as an enum. C lets any int sit in an enum object; loading an
-// out-of-range value through the C++ enum type is undefined behaviour, so read the bits.
-template <class E>
-int32_t enum_bits(const E& e) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums here are int-sized");
-  int32_t v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
 ContextState& state_of(flashattn_context_t ctx) {
   if (ctx == nullptr || !ctx->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
   return *ctx->state;

@@ -38,16 +38,6 @@ const char* dtype_string(flashattn_dtype_t t) {
   return "unknown";
 }
 
-// The int a caller stored in an enum field. C lets any int sit in an enum object; reading an
-// out-of-range value through the C++ enum type is undefined behaviour, so read the bits.
-template <class E>
-int32_t enum_bits(const E& e) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums here are int-sized");
-  int32_t v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
 struct Dim {
   int64_t shape;
   int64_t stride;

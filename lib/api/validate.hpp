@@ -2,11 +2,24 @@
 // backends take. Each failure throws Error with a status and a message naming the argument.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/problem.hpp"
 
 namespace flashattn {
+
+// The int a caller stored in an enum argument or field. C lets any int sit in an enum object;
+// loading an out-of-range value through the C++ enum type is undefined behaviour, so read the
+// bits.
+template <class E>
+int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums here are int-sized");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 // A view that passed its own checks, with its extent in bytes from data.
 struct CheckedView {
