@@ -105,7 +105,7 @@ summary_lines+=("GPU: $gpu_line")
 build_cmd() {
   set -e
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFLASHATTN_CUDA_ARCHS="$archs" -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_EXAMPLES=ON
+    -DFLASHATTN_CUDA_ARCHS="$archs" -DFLASHATTN_TEST_HOOKS=ON -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_EXAMPLES=ON
   # Everything: on 16 cores the whole tree builds in well under a minute, and a test executable
   # left unbuilt would show up as "Not Run".
   ninja -C "$build" -j "$(nproc)"
@@ -127,8 +127,8 @@ if [ $do_tests -eq 1 ]; then
     tests_cmd() {
       ctest --test-dir "$build" -L gpu -j 4 -V --timeout 600
       local rc=$?
-      echo "== forward and backward sweeps with FLASHATTN_FORCE_SM80=1 =="
-      FLASHATTN_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward,gpu_backward || rc=1
+      echo "== forward and backward sweeps with FLASHATTN_TEST_FORCE_SM80=1 =="
+      FLASHATTN_TEST_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward,gpu_backward || rc=1
       return $rc
     }
     export -f tests_cmd

@@ -72,6 +72,13 @@ TEST_CASE("backward: GQA reductions of dk and dv over 8 query heads") {
   gpu_test::check_backward_case(gqa256, tally);
 }
 
+TEST_CASE("backward: more than 65535 heads (one grid dimension, no 65535 limit)") {
+  FlashTally tally("backward many heads");
+  const Case c{"3x5, 70000 heads", BF16, 1, 3, 5, 70000, 70000, 32, true, 0.0f,
+               Layout::Contiguous, /*emulate=*/false};
+  gpu_test::check_backward_case(c, tally);
+}
+
 TEST_CASE("backward: deterministic = 1 gives bit-identical dq, dk, dv run after run") {
   flashattn_context_t ctx = gpu_test::shared_context();
   FlashTally tally("backward determinism");

@@ -68,6 +68,35 @@ TEST_CASE("forward: a later key tile holds the row maximum") {
   gpu_test::check_forward_case(c, tally);
 }
 
+TEST_CASE("forward: more tiles than SMs (a persistent grid walks several per CTA)") {
+  // 132 SMs on an H200: each case has more query-block tiles than that, so CTAs carry their
+  // pipeline state from tile to tile; the causal Nq > Nk case mixes in tiles with no key.
+  FlashTally tally("forward many tiles");
+  const Case cases[] = {
+      {"520x600 GQA, 160 tiles", BF16, 1, 520, 600, 32, 8, 64, false, 0.0f, Layout::Contiguous,
+       /*emulate=*/false},
+      {"600x600 causal GQA, 160 tiles", F16, 2, 600, 600, 16, 4, 128, true, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+      {"900x200 causal, empty tiles among 320", BF16, 2, 900, 200, 20, 20, 128, true, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+      {"300x310 causal GQA, 144 tiles", BF16, 2, 300, 310, 24, 6, 256, true, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+      {"400x400, 192 head dim, 160 tiles", F16, 2, 400, 400, 40, 40, 192, false, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(gpu_test::describe(c));
+    gpu_test::check_forward_case(c, tally);
+  }
+}
+
+TEST_CASE("forward: more than 65535 heads (one grid dimension, no 65535 limit)") {
+  FlashTally tally("forward many heads");
+  const Case c{"3x5, 70000 heads", BF16, 1, 3, 5, 70000, 70000, 32, true, 0.0f,
+               Layout::Contiguous, /*emulate=*/false};
+  gpu_test::check_forward_case(c, tally);
+}
+
 TEST_CASE("forward large: 4224x4224, causal") {
   FlashTally tally("forward large");
   const Case c{"4224x4224 causal", BF16, 1, 4224, 4224, 2, 2, 64, true, 0.0f,

@@ -1,5 +1,6 @@
-// Chooses and launches the flash kernel for a problem: by device capability, dtype and padded
-// head dim. What this build did not compile answers "unsupported", never a link error.
+// Chooses and launches the flash kernel for a problem from the generated kernel table
+// (lib/cuda/generate.py): by device capability, dtype and padded head dim. What this build did
+// not compile answers "unsupported", never a link error.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -8,74 +9,120 @@
 
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/flash/launchers.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
-#include "cuda/sm80/launch.hpp"
 #include "cuda/sm90/bwd_config.cuh"
 #include "cuda/sm90/fwd_config.cuh"
-#include "cuda/sm90/launch.hpp"
 
 namespace flashattn {
 namespace cuda {
 
 namespace {
 
-// The compiled head-dim fast paths, ascending (FLASHATTN_HEAD_DIMS at configure time).
-constexpr int kHeadDims[] = {
-#ifdef FLASHATTN_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_HDIM_96
-    96,
-#endif
-#ifdef FLASHATTN_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_HDIM_192
-    192,
-#endif
-#ifdef FLASHATTN_HDIM_256
-    256,
-#endif
-    0};
+// ---- the compiled kernels (lib/cuda/generate.py's table) ------------------------------------
 
-#ifdef FLASHATTN_DTYPE_FP16
-constexpr bool kHaveFp16 = true;
-#else
-constexpr bool kHaveFp16 = false;
-#endif
-#ifdef FLASHATTN_DTYPE_BF16
-constexpr bool kHaveBf16 = true;
-#else
-constexpr bool kHaveBf16 = false;
-#endif
+enum class Arch { Sm80, Sm90 };
 
-// The smallest compiled fast path that holds head_dim, or 0.
-int padded_head_dim(int64_t head_dim) {
-  for (int d : kHeadDims) {
-    if (d != 0 && d >= head_dim) return d;
+using FwdLauncher = cudaError_t (*)(const FwdParams&, const LaunchInfo&, cudaStream_t);
+using BwdLauncher = cudaError_t (*)(const BwdParams&, const LaunchInfo&, cudaStream_t);
+
+template <class Launcher>
+struct Kernel {
+  Arch arch;
+  DType dtype;
+  int head_dim;
+  Launcher launch;
+  int smem_bytes;
+};
+
+#define FLASHATTN_KERNEL(arch, kind, dtype, hdim, launcher, smem) \
+  FLASHATTN_KERNEL_##kind(arch, dtype, hdim, launcher, smem)
+#define FLASHATTN_KERNEL_Fwd(arch, dtype, hdim, launcher, smem) \
+  {Arch::arch, DType::dtype, hdim, launcher, smem},
+#define FLASHATTN_KERNEL_Bwd(arch, dtype, hdim, launcher, smem)
+const Kernel<FwdLauncher> kFwdKernels[] = {
+#include "cuda/flash/kernel_table.inc"
+    {Arch::Sm80, DType::F32, 0, nullptr, 0}};  // the end (no kernel takes float32)
+#undef FLASHATTN_KERNEL_Fwd
+#undef FLASHATTN_KERNEL_Bwd
+#define FLASHATTN_KERNEL_Fwd(arch, dtype, hdim, launcher, smem)
+#define FLASHATTN_KERNEL_Bwd(arch, dtype, hdim, launcher, smem) \
+  {Arch::arch, DType::dtype, hdim, launcher, smem},
+const Kernel<BwdLauncher> kBwdKernels[] = {
+#include "cuda/flash/kernel_table.inc"
+    {Arch::Sm80, DType::F32, 0, nullptr, 0}};
+#undef FLASHATTN_KERNEL_Fwd
+#undef FLASHATTN_KERNEL_Bwd
+#undef FLASHATTN_KERNEL
+
+template <class Launcher, size_t N>
+const Kernel<Launcher>* find(const Kernel<Launcher> (&table)[N], Arch arch, DType dtype,
+                             int head_dim) {
+  for (const Kernel<Launcher>& k : table) {
+    if (k.launch != nullptr && k.arch == arch && k.dtype == dtype && k.head_dim == head_dim) {
+      return &k;
+    }
   }
-  return 0;
+  return nullptr;
 }
 
-// Shared memory per CTA of a kernel family's configuration for a padded head dim.
-template <template <int> class Cfg>
-int smem_of(int hdim) {
-  switch (hdim) {
-    case 64: return Cfg<64>::kSmemBytes;
-    case 96: return Cfg<96>::kSmemBytes;
-    case 128: return Cfg<128>::kSmemBytes;
-    case 192: return Cfg<192>::kSmemBytes;
-    case 256: return Cfg<256>::kSmemBytes;
+// The smallest compiled fast path that holds head_dim (the sm80 families cover every head dim
+// of the table; the Hopper ones a subset of it), or 0.
+template <class Launcher, size_t N>
+int padded_head_dim(const Kernel<Launcher> (&table)[N], DType dtype, int64_t head_dim) {
+  int best = 0;
+  for (const Kernel<Launcher>& k : table) {
+    if (k.launch != nullptr && k.arch == Arch::Sm80 && k.dtype == dtype && k.head_dim >= head_dim &&
+        (best == 0 || k.head_dim < best)) {
+      best = k.head_dim;
+    }
   }
-  return 0;
+  return best;
 }
 
-int fwd_smem(int hdim) { return smem_of<sm80::FwdConfig>(hdim); }
+bool have_dtype(DType dtype) {
+  for (const auto& k : kFwdKernels) {
+    if (k.launch != nullptr && k.dtype == dtype) return true;
+  }
+  return false;
+}
 
-int sm90_fwd_smem(int hdim) { return smem_of<sm90::FwdConfig>(hdim); }
+// The kernels to take on dev: Hopper's where one exists, else the mma.sync (sm80) ones. A
+// library built with FLASHATTN_TEST_HOOKS lets FLASHATTN_TEST_FORCE_SM80=1 pick the sm80
+// kernels on Hopper too, so tests and benchmarks reach both families on one machine; a library
+// built without it has no such switch.
+bool force_sm80() {
+#ifdef FLASHATTN_TEST_HOOKS
+  static const bool forced = [] {
+    const char* v = std::getenv("FLASHATTN_TEST_FORCE_SM80");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return forced;
+#else
+  return false;
+#endif
+}
 
-int bwd_smem(int hdim) { return smem_of<sm80::BwdConfig>(hdim); }
+Arch device_arch(const DeviceInfo& dev) {
+  return dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80() ? Arch::Sm90 : Arch::Sm80;
+}
+
+template <class Launcher, size_t N>
+const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceInfo& dev,
+                               DType dtype, int64_t head_dim) {
+  const int padded = padded_head_dim(table, dtype, head_dim);
+  if (padded == 0) return nullptr;
+  const Kernel<Launcher>* k = find(table, device_arch(dev), dtype, padded);
+  return k != nullptr ? k : find(table, Arch::Sm80, dtype, padded);
+}
+
+template <class Launcher>
+int smem_of(const Kernel<Launcher>* k) {
+  return k == nullptr ? 0 : k->smem_bytes;
+}
+
+LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count}; }
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {
@@ -91,7 +138,7 @@ int64_t bwd_rows_rounded(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128
 BwdWorkspace bwd_workspace(const Problem& p) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
                       static_cast<size_t>(bwd_rows_rounded(p.seqlen_q));
-  const size_t hdim = static_cast<size_t>(padded_head_dim(p.head_dim));
+  const size_t hdim = static_cast<size_t>(padded_head_dim(kBwdKernels, p.dtype, p.head_dim));
   BwdWorkspace w;
   w.dq_accum = 0;
   w.dsum = align256(rows * hdim * 4);
@@ -99,34 +146,6 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   w.semaphore = w.lse_log2 + align256(rows * 4);
   w.total = w.semaphore + align256(rows / 64 * 4);
   return w;
-}
-
-#ifdef FLASHATTN_HAVE_SM90A
-constexpr bool kHaveSm90a = true;
-#else
-constexpr bool kHaveSm90a = false;
-#endif
-
-// FLASHATTN_FORCE_SM80=1 runs the mma.sync kernels on Hopper too: for tests of both paths on
-// one machine and for side-by-side benchmarks.
-bool force_sm80() {
-  static const bool forced = [] {
-    const char* v = std::getenv("FLASHATTN_FORCE_SM80");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return forced;
-}
-
-bool use_sm90_forward(const DeviceInfo& dev) {
-  return kHaveSm90a && dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80();
-}
-
-bool use_sm90_backward(const DeviceInfo& dev, int hdim) {
-  return use_sm90_forward(dev) && sm90::has_backward(hdim);
-}
-
-int bwd_smem_for(const DeviceInfo& dev, int hdim) {
-  return use_sm90_backward(dev, hdim) ? sm90::bwd_smem_bytes(hdim) : bwd_smem(hdim);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -140,54 +159,6 @@ constexpr const char* kLayoutReason =
     "the batch, seqlen and heads strides multiples of 8 elements (copy the tensor to a "
     "contiguous layout with head_dim padded to a multiple of 8)";
 
-template <int kHeadDim>
-cudaError_t bwd_for_dtype(DType dtype, const BwdParams& p, bool sm90, cudaStream_t stream) {
-  constexpr bool kSm90Path = sm90::has_backward(kHeadDim);
-  if (dtype == DType::BF16) {
-#ifdef FLASHATTN_DTYPE_BF16
-#ifdef FLASHATTN_HAVE_SM90A
-    if constexpr (kSm90Path) {
-      if (sm90) return sm90::launch_bwd<__nv_bfloat16, kHeadDim>(p, stream);
-    }
-#endif
-    return sm80::launch_bwd<__nv_bfloat16, kHeadDim>(p, stream);
-#endif
-  } else if (dtype == DType::F16) {
-#ifdef FLASHATTN_DTYPE_FP16
-#ifdef FLASHATTN_HAVE_SM90A
-    if constexpr (kSm90Path) {
-      if (sm90) return sm90::launch_bwd<__half, kHeadDim>(p, stream);
-    }
-#endif
-    return sm80::launch_bwd<__half, kHeadDim>(p, stream);
-#endif
-  }
-  (void)sm90;
-  (void)kSm90Path;
-  return cudaErrorNotSupported;
-}
-
-template <int kHeadDim>
-cudaError_t fwd_for_dtype(DType dtype, const FwdParams& p, bool sm90, cudaStream_t stream) {
-  if (dtype == DType::BF16) {
-#ifdef FLASHATTN_DTYPE_BF16
-#ifdef FLASHATTN_HAVE_SM90A
-    if (sm90) return sm90::launch_fwd<__nv_bfloat16, kHeadDim>(p, stream);
-#endif
-    return sm80::launch_fwd<__nv_bfloat16, kHeadDim>(p, stream);
-#endif
-  } else if (dtype == DType::F16) {
-#ifdef FLASHATTN_DTYPE_FP16
-#ifdef FLASHATTN_HAVE_SM90A
-    if (sm90) return sm90::launch_fwd<__half, kHeadDim>(p, stream);
-#endif
-    return sm80::launch_fwd<__half, kHeadDim>(p, stream);
-#endif
-  }
-  (void)sm90;
-  return cudaErrorNotSupported;
-}
-
 }  // namespace
 
 const char* flash_unsupported_reason(const Problem& p, bool backward, const DeviceInfo& dev) {
@@ -197,22 +168,15 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.dtype == DType::F32) {
     return "the flash CUDA kernels compute in float16 and bfloat16 (float32 runs on the CPU)";
   }
-  if (p.dtype == DType::F16 && !kHaveFp16) {
-    return "this build has no float16 flash kernels (see FLASHATTN_DTYPES)";
+  if (!have_dtype(p.dtype)) {
+    return p.dtype == DType::F16 ? "this build has no float16 flash kernels (see FLASHATTN_DTYPES)"
+                                 : "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
   }
-  if (p.dtype == DType::BF16 && !kHaveBf16) {
-    return "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
-  }
-  const int hdim = padded_head_dim(p.head_dim);
-  if (hdim == 0) {
+  const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, p.head_dim))
+                            : smem_of(choose(kFwdKernels, dev, p.dtype, p.head_dim));
+  if (smem == 0) {
     return "this build has no flash kernel for a head_dim this large (see FLASHATTN_HEAD_DIMS)";
   }
-  if (p.batch > 65535 || p.heads_q > 65535) {
-    return "the flash CUDA kernels take at most 65535 batches and 65535 heads";
-  }
-  const int smem = backward                 ? bwd_smem_for(dev, hdim)
-                   : use_sm90_forward(dev) ? sm90_fwd_smem(hdim)
-                                           : fwd_smem(hdim);
   if (static_cast<size_t>(smem) > dev.smem_per_block_optin) {
     return "this device has too little shared memory per block for this head_dim's flash kernel";
   }
@@ -276,41 +240,20 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
   p.causal = pr.causal;
 }
 
-// Calls launch(std::integral_constant<int, D>{}) for the compiled fast path D of a padded head
-// dim; what this build did not compile is unsupported.
-template <class Launch>
-cudaError_t for_head_dim(int padded, Launch&& launch) {
-  switch (padded) {
-#ifdef FLASHATTN_HDIM_64
-    case 64: return launch(std::integral_constant<int, 64>{});
-#endif
-#ifdef FLASHATTN_HDIM_96
-    case 96: return launch(std::integral_constant<int, 96>{});
-#endif
-#ifdef FLASHATTN_HDIM_128
-    case 128: return launch(std::integral_constant<int, 128>{});
-#endif
-#ifdef FLASHATTN_HDIM_192
-    case 192: return launch(std::integral_constant<int, 192>{});
-#endif
-#ifdef FLASHATTN_HDIM_256
-    case 256: return launch(std::integral_constant<int, 256>{});
-#endif
-    default: return cudaErrorNotSupported;
-  }
-}
-
 }  // namespace
 
 cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo& dev,
                           cudaStream_t stream) {
-  const bool sm90 = use_sm90_forward(dev);
   const Problem& pr = a.problem;
   FwdParams p{};
   fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse);
-  return for_head_dim(padded_head_dim(pr.head_dim), [&](auto hdim) {
-    return fwd_for_dtype<decltype(hdim)::value>(pr.dtype, p, sm90, stream);
-  });
+  const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
+  if (k == nullptr) return cudaErrorNotSupported;
+  const cudaError_t err = k->launch(p, launch_info(dev), stream);
+  if (err != cudaErrorNotSupported || k->arch == Arch::Sm80) return err;
+  // The Hopper kernel declined the views (no tensor map for them): the sm80 kernel takes them.
+  const Kernel<FwdLauncher>* fallback = find(kFwdKernels, Arch::Sm80, pr.dtype, k->head_dim);
+  return fallback == nullptr ? err : fallback->launch(p, launch_info(dev), stream);
 }
 
 cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
@@ -343,12 +286,11 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.dq_semaphore = reinterpret_cast<int*>(ws + w.semaphore);
   p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
   p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
-  p.head_dim_padded = padded_head_dim(pr.head_dim);
   p.deterministic = pr.deterministic;
-  const bool sm90 = use_sm90_backward(dev, p.head_dim_padded);
-  return for_head_dim(p.head_dim_padded, [&](auto hdim) {
-    return bwd_for_dtype<decltype(hdim)::value>(pr.dtype, p, sm90, stream);
-  });
+  const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, pr.dtype, pr.head_dim);
+  if (k == nullptr) return cudaErrorNotSupported;
+  p.head_dim_padded = k->head_dim;
+  return k->launch(p, launch_info(dev), stream);
 }
 
 }  // namespace cuda

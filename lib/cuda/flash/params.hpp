@@ -6,6 +6,11 @@
 namespace flashattn {
 namespace cuda {
 
+// What a launcher needs to know of the device beyond the problem.
+struct LaunchInfo {
+  int sm_count;
+};
+
 struct FwdParams {
   const void* q;
   const void* k;

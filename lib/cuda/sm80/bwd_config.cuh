@@ -1,7 +1,7 @@
 // Backward tile shapes and warp layouts per padded head dim: the one place they are chosen.
 #pragma once
 
-#include "cuda/sm80/tile.cuh"
+#include "cuda/common/tile.cuh"
 
 namespace flashattn {
 namespace sm80 {
@@ -36,8 +36,8 @@ struct BwdConfig {
   static constexpr int kDqCols = kHeadDim / kDqWarpsD;
 
   static constexpr int kSmemBytes =
-      (2 * SwizzledTile<kBlockN, kHeadDim>::kElems + 4 * SwizzledTile<kBlockM, kHeadDim>::kElems +
-       2 * SwizzledTile<kBlockM, kBlockN>::kElems) * 2 +
+      (2 * common::SwizzledTile<kBlockN, kHeadDim>::kElems + 4 * common::SwizzledTile<kBlockM, kHeadDim>::kElems +
+       2 * common::SwizzledTile<kBlockM, kBlockN>::kElems) * 2 +
       2 * 2 * kBlockM * 4;  // two stages of the rows' LSE * log2(e) and D
 
   // ldmatrix.x4 reads 16 rows (A) or 16 columns (B) at a time.

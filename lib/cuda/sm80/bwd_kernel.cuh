@@ -14,11 +14,11 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_config.cuh"
-#include "cuda/sm80/bwd_prepost.cuh"
-#include "cuda/sm80/bwd_step.cuh"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
-#include "cuda/sm90/common.cuh"
+#include "cuda/common/bwd_prepost.cuh"
+#include "cuda/common/bwd_step.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/sm80/mma.cuh"
 
 namespace flashattn {
 namespace sm80 {
@@ -31,9 +31,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   using Cfg = BwdConfig<kHeadDim>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
-  using TileQ = SwizzledTile<kBlockM, kHeadDim>;   // Q and dO
-  using TileKV = SwizzledTile<kBlockN, kHeadDim>;  // K and V (and dK, dV at the end)
-  using TileP = SwizzledTile<kBlockM, kBlockN>;    // P and dS
+  using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;   // Q and dO
+  using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;  // K and V (and dK, dV at the end)
+  using TileP = common::SwizzledTile<kBlockM, kBlockN>;    // P and dS
   // Warp tiles (see BwdConfig): m16 / n8 fragment counts per phase.
   constexpr int kSM = Cfg::kSdpRows / 16, kSN = Cfg::kSdpCols / 8;
   constexpr int kKvM = Cfg::kKvRows / 16, kKvD = Cfg::kKvCols / 8;
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // [K][V][stage 0: Q, dO][stage 1: Q, dO][P][dS][statistics]. A stage's Q and dO together are
   // the size of the step's fp32 dQ tile, which is staged there for the bulk add (bulk_dq).
-  constexpr bool kBulkDq = bulk_dq(kHeadDim);
+  constexpr bool kBulkDq = common::bulk_dq(kHeadDim);
   static_assert(!kBulkDq || (Cfg::kDqRows == 32 && Cfg::kDqCols % 32 == 0),
                 "a warp's dQ tile is one contiguous range of the blocked layout");
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -53,17 +53,15 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   T* sdS = sP + TileP::kElems;
   float* sStats = reinterpret_cast<float*>(sdS + TileP::kElems);  // [2 stages][LSE2, D][kBlockM]
 
-  const BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
   const int n0 = blk.n0;
-  const int seqlen_k = p.seqlen_k;
-  const int diag = blk.diag;
 
-  load_kv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
+  common::load_kv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 
   // Warp roles: row/column offsets of this warp's tile in each phase.
   const int s_r0 = (warp % Cfg::kSdpWarpsM) * Cfg::kSdpRows;
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   const int steps = blk.steps;
   auto load_step = [&](int head, int m_block, int stage) {
-    load_bwd_step<TileQ, Cfg::kNThreads>(p, blk.batch, head, m_block,
+    common::load_bwd_step<TileQ, Cfg::kNThreads>(p, blk.batch, head, m_block,
                                          sQ + 2 * stage * TileQ::kElems,
                                          sdO + 2 * stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);
@@ -100,7 +98,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
   if (steps > 0) load_step(head, m_block, 0);
-  cp_async_commit();
+  common::cp_async_commit();
 
   // dQ of the last step, and (bulk path) where it goes: the bulk path stages a step's dQ tile in
   // that step's Q/dO stage at the top of the next step, after the barrier that ends every warp's
@@ -111,7 +109,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   // Stages the last step's dQ tile (acc_dq) in `stage` and adds this warp's part of it with one
   // bulk operation (when deterministic: in key-block order, complete before the semaphore moves).
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) wait_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, blk.n_block);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);
 #pragma unroll
     for (int mi = 0; mi < kQM; ++mi)
@@ -121,21 +119,21 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         for (int dt = 0; dt < kQD; ++dt) {
           const int r = q_r0 + mi * 16 + g + hh * 8;
           const int c = q_c0 + dt * 8 + 2 * t;
-          *reinterpret_cast<float2*>(s_dq + dq_block_offset(r, c, kHeadDim)) =
+          *reinterpret_cast<float2*>(s_dq + common::dq_block_offset(r, c, kHeadDim)) =
               make_float2(acc_dq[mi][dt][hh * 2], acc_dq[mi][dt][hh * 2 + 1]);
         }
-    sm90::fence_proxy_async();
+    common::fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
-      const int off = dq_block_offset(q_r0, q_c0, kHeadDim);
-      sm90::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off,
+      const int off = common::dq_block_offset(q_r0, q_c0, kHeadDim);
+      common::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off,
                                 Cfg::kDqRows * Cfg::kDqCols * 4);
       if (pending_sem != nullptr) {
-        sm90::bulk_wait_all();
+        common::bulk_wait_all();
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) pass_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, blk.n_block);
   };
 
   for (int step = 0; step < steps; ++step) {
@@ -147,13 +145,13 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     T* sQs = sQ + 2 * stage * TileQ::kElems;
     T* sdOs = sdO + 2 * stage * TileQ::kElems;
 
-    cp_async_wait<0>();
+    common::cp_async_wait<0>();
     __syncthreads();  // this step's tiles landed; the last step's readers are done
     if constexpr (kBulkDq) {
       if (step > 0) flush_dq(1 - stage);
     } else if (step + 1 < steps) {
       load_step(next_head, next_m_block, 1 - stage);
-      cp_async_commit();
+      common::cp_async_commit();
     }
 
     const int64_t stat_base = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
@@ -170,23 +168,23 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[mi][i][e] = acc_dp[mi][i][e] = 0.0f;
     {
-      const LdsmAddr<TileQ> q_addr(sQs, s_r0 + a_row, a_half);
-      const LdsmAddr<TileQ> do_addr(sdOs, s_r0 + a_row, a_half);
-      const LdsmAddr<TileKV> k_addr(sK, s_c0 + b_row, b_half);
-      const LdsmAddr<TileKV> v_addr(sV, s_c0 + b_row, b_half);
+      const common::LdsmAddr<TileQ> q_addr(sQs, s_r0 + a_row, a_half);
+      const common::LdsmAddr<TileQ> do_addr(sdOs, s_r0 + a_row, a_half);
+      const common::LdsmAddr<TileKV> k_addr(sK, s_c0 + b_row, b_half);
+      const common::LdsmAddr<TileKV> v_addr(sV, s_c0 + b_row, b_half);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t bk[kSN / 2][4], bv[kSN / 2][4];
 #pragma unroll
         for (int np = 0; np < kSN / 2; ++np) {
-          ldmatrix_x4(k_addr.at(np * 16, kk), bk[np][0], bk[np][1], bk[np][2], bk[np][3]);
-          ldmatrix_x4(v_addr.at(np * 16, kk), bv[np][0], bv[np][1], bv[np][2], bv[np][3]);
+          common::ldmatrix_x4(k_addr.at(np * 16, kk), bk[np][0], bk[np][1], bk[np][2], bk[np][3]);
+          common::ldmatrix_x4(v_addr.at(np * 16, kk), bv[np][0], bv[np][1], bv[np][2], bv[np][3]);
         }
 #pragma unroll
         for (int mi = 0; mi < kSM; ++mi) {
           uint32_t a[4], da[4];
-          ldmatrix_x4(q_addr.at(mi * 16, kk), a[0], a[1], a[2], a[3]);
-          ldmatrix_x4(do_addr.at(mi * 16, kk), da[0], da[1], da[2], da[3]);
+          common::ldmatrix_x4(q_addr.at(mi * 16, kk), a[0], a[1], a[2], a[3]);
+          common::ldmatrix_x4(do_addr.at(mi * 16, kk), da[0], da[1], da[2], da[3]);
 #pragma unroll
           for (int np = 0; np < kSN / 2; ++np) {
             mma_16816<T>(acc_s[mi][2 * np], a, bk[np][0], bk[np][1]);
@@ -199,15 +197,15 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
 
     // P = exp2(S * scale_log2 - LSE_log2) with the masks; dS = P * (dP - D). Both to smem.
-    const bool need_mask = (n0 + kBlockN > seqlen_k) ||
-                           (p.causal && n0 + kBlockN - 1 > m0 + diag);
+    const bool need_mask = blk.mask.needs_mask(m0, kBlockM, n0, kBlockN);
 #pragma unroll
     for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = s_r0 + mi * 16 + g + hh * 8;
         const int row = m0 + r;
-        const int limit = p.causal ? min(seqlen_k - 1, row + diag) : seqlen_k - 1;
+        int key_lo, key_hi;  // the keys this query sees
+        blk.mask.keys_of(row, key_lo, key_hi);
         const float lse2 = s_lse2[r], dsum = s_dsum[r];
 #pragma unroll
         for (int nt = 0; nt < kSN; ++nt) {
@@ -216,52 +214,52 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           for (int e = 0; e < 2; ++e) {
             const int c = s_c0 + nt * 8 + 2 * t + e;
             float prob =
-                exp2_approx(fmaf(acc_s[mi][nt][hh * 2 + e], p.scale_log2, -lse2));
-            if (need_mask && n0 + c > limit) prob = 0.0f;
+                common::exp2_approx(fmaf(acc_s[mi][nt][hh * 2 + e], p.scale_log2, -lse2));
+            if (need_mask && (n0 + c > key_hi || n0 + c < key_lo)) prob = 0.0f;
             pv[e] = prob;
             ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
           }
           const int c = s_c0 + nt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) = pack2<T>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) = pack2<T>(ds[0], ds[1]);
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) = common::pack2<T>(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) = common::pack2<T>(ds[0], ds[1]);
         }
       }
     }
     // Bulk path: this warp's add has read the other stage before the barrier, so the prefetch
     // after it may refill that stage.
-    if (kBulkDq && step > 0 && lane == 0) sm90::bulk_wait_read();
+    if (kBulkDq && step > 0 && lane == 0) common::bulk_wait_read();
     __syncthreads();  // P and dS complete
     if (kBulkDq && step + 1 < steps) {
       load_step(next_head, next_m_block, 1 - stage);
-      cp_async_commit();
+      common::cp_async_commit();
     }
 
     // dV += P^T dO and dK += dS^T Q: this warp's kKvRows keys x kKvCols of the head dim. P^T and
     // dS^T are read transposed from P and dS ([queries][keys]).
     {
-      const LdsmAddr<TileP> pt_addr(sP, b_row, b_half, kv_r0 / 16);
-      const LdsmAddr<TileP> dst_addr(sdS, b_row, b_half, kv_r0 / 16);
-      const LdsmAddr<TileQ> do_addr(sdOs, a_row, a_half, kv_c0 / 16);
-      const LdsmAddr<TileQ> q_addr(sQs, a_row, a_half, kv_c0 / 16);
+      const common::LdsmAddr<TileP> pt_addr(sP, b_row, b_half, kv_r0 / 16);
+      const common::LdsmAddr<TileP> dst_addr(sdS, b_row, b_half, kv_r0 / 16);
+      const common::LdsmAddr<TileQ> do_addr(sdOs, a_row, a_half, kv_c0 / 16);
+      const common::LdsmAddr<TileQ> q_addr(sQs, a_row, a_half, kv_c0 / 16);
 #pragma unroll
       for (int km = 0; km < kBlockM / 16; ++km) {
         uint32_t a[kKvM][4], da[kKvM][4];
 #pragma unroll
         for (int mi = 0; mi < kKvM; ++mi) {
-          ldmatrix_x4_trans(pt_addr.at(km * 16, mi), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
-          ldmatrix_x4_trans(dst_addr.at(km * 16, mi), da[mi][0], da[mi][1], da[mi][2],
+          common::ldmatrix_x4_trans(pt_addr.at(km * 16, mi), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          common::ldmatrix_x4_trans(dst_addr.at(km * 16, mi), da[mi][0], da[mi][1], da[mi][2],
                             da[mi][3]);
         }
 #pragma unroll
         for (int dp = 0; dp < kKvD / 2; ++dp) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(do_addr.at(km * 16, dp), b0, b1, b2, b3);
+          common::ldmatrix_x4_trans(do_addr.at(km * 16, dp), b0, b1, b2, b3);
 #pragma unroll
           for (int mi = 0; mi < kKvM; ++mi) {
             mma_16816<T>(acc_dv[mi][2 * dp], a[mi], b0, b1);
             mma_16816<T>(acc_dv[mi][2 * dp + 1], a[mi], b2, b3);
           }
-          ldmatrix_x4_trans(q_addr.at(km * 16, dp), b0, b1, b2, b3);
+          common::ldmatrix_x4_trans(q_addr.at(km * 16, dp), b0, b1, b2, b3);
 #pragma unroll
           for (int mi = 0; mi < kKvM; ++mi) {
             mma_16816<T>(acc_dk[mi][2 * dp], da[mi], b0, b1);
@@ -280,18 +278,18 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         for (int i = 0; i < kQD; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc_dq[mi][i][e] = 0.0f;
-      const LdsmAddr<TileP> ds_addr(sdS, q_r0 + a_row, a_half);
-      const LdsmAddr<TileKV> k_addr(sK, a_row, a_half, q_c0 / 16);
+      const common::LdsmAddr<TileP> ds_addr(sdS, q_r0 + a_row, a_half);
+      const common::LdsmAddr<TileKV> k_addr(sK, a_row, a_half, q_c0 / 16);
 #pragma unroll
       for (int kn = 0; kn < kBlockN / 16; ++kn) {
         uint32_t a[kQM][4];
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi)
-          ldmatrix_x4(ds_addr.at(mi * 16, kn), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          common::ldmatrix_x4(ds_addr.at(mi * 16, kn), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
 #pragma unroll
         for (int dp = 0; dp < kQD / 2; ++dp) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(k_addr.at(kn * 16, dp), b0, b1, b2, b3);
+          common::ldmatrix_x4_trans(k_addr.at(kn * 16, dp), b0, b1, b2, b3);
 #pragma unroll
           for (int mi = 0; mi < kQM; ++mi) {
             mma_16816<T>(acc_dq[mi][2 * dp], a[mi], b0, b1);
@@ -309,7 +307,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         pending_dq = stat_base * p.head_dim_padded;
         pending_sem = sem;
       } else {
-        if (sem != nullptr) wait_dq_turn(sem, blk.n_block);
+        if (sem != nullptr) common::wait_dq_turn(sem, blk.n_block);
         float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi) {
@@ -333,7 +331,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
         if (sem != nullptr) {
           __threadfence();
-          pass_dq_turn(sem, blk.n_block);
+          common::pass_dq_turn(sem, blk.n_block);
         }
       }
     }
@@ -344,12 +342,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (steps > 0) {
       __syncthreads();  // every warp is done reading the last stage
       flush_dq((steps - 1) % 2);
-      if (lane == 0) sm90::bulk_wait_all();  // shared memory must outlive the adds' reads
+      if (lane == 0) common::bulk_wait_all();  // shared memory must outlive the adds' reads
     }
   }
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles) to global memory.
-  cp_async_wait<0>();  // with no query block at all, K and V may still be in flight
+  common::cp_async_wait<0>();  // with no query block at all, K and V may still be in flight
   __syncthreads();
 #pragma unroll
   for (int mi = 0; mi < kKvM; ++mi) {
@@ -359,35 +357,25 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
       for (int dt = 0; dt < kKvD; ++dt) {
         const int c = kv_c0 + dt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = pack2<T>(
+        *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = common::pack2<T>(
             acc_dk[mi][dt][hh * 2] * p.scale, acc_dk[mi][dt][hh * 2 + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(sV + TileKV::offset(r, c)) =
-            pack2<T>(acc_dv[mi][dt][hh * 2], acc_dv[mi][dt][hh * 2 + 1]);
+            common::pack2<T>(acc_dv[mi][dt][hh * 2], acc_dv[mi][dt][hh * 2 + 1]);
       }
     }
   }
   __syncthreads();
-  store_dkdv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
+  common::store_dkdv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 }
 
 template <class T, int kHeadDim>
-cudaError_t launch_bwd(const cuda::BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd(const cuda::BwdParams& p, const cuda::LaunchInfo&,
+                       cudaStream_t stream) {
   using Cfg = BwdConfig<kHeadDim>;
-  const dim3 rows_grid(p.seqlen_q_rounded / 64, p.heads_q, p.batch);
-  bwd_preprocess_kernel<T><<<rows_grid, 256, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  auto kernel = bwd_kernel<T, kHeadDim>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const dim3 post_grid((p.seqlen_q + 63) / 64, p.heads_q, p.batch);
-  bwd_postprocess_kernel<T><<<post_grid, 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return common::launch_bwd_with<T>(p, stream, [stream](const cuda::BwdParams& q) {
+    return common::launch_key_blocks(bwd_kernel<T, kHeadDim>, q, Cfg::kBlockN, Cfg::kNThreads,
+                                     Cfg::kSmemBytes, stream);
+  });
 }
 
 }  // namespace sm80

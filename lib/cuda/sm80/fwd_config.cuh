@@ -1,22 +1,17 @@
-// Forward tile shapes per padded head dim: the one place they are chosen.
+// The sm80 forward CTA per padded head dim (tile shapes from the kernel table,
+// lib/cuda/generate.py) and what they imply.
 #pragma once
 
-#include "cuda/sm80/tile.cuh"
+#include "cuda/common/tile.cuh"
 
 namespace flashattn {
 namespace sm80 {
 
-template <int kHeadDim_>
-struct FwdTraits;
-template <> struct FwdTraits<64>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct FwdTraits<96>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct FwdTraits<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct FwdTraits<192> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 8; };
-template <> struct FwdTraits<256> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 8; };
+#include "cuda/sm80/fwd_tiles.inc"
 
 template <int kHeadDim_>
-struct FwdConfig : FwdTraits<kHeadDim_> {
-  using Base = FwdTraits<kHeadDim_>;
+struct FwdConfig {
+  using Base = FwdTiles<kHeadDim_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = Base::kBlockM;
   static constexpr int kBlockN = Base::kBlockN;
@@ -26,8 +21,8 @@ struct FwdConfig : FwdTraits<kHeadDim_> {
   static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
   static constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S
   static constexpr int kDTiles = kHeadDim / 8;       // n8 tiles of O
-  static constexpr int kSmemQ = SwizzledTile<kBlockM, kHeadDim>::kElems;
-  static constexpr int kSmemKV = SwizzledTile<kBlockN, kHeadDim>::kElems;
+  static constexpr int kSmemQ = common::SwizzledTile<kBlockM, kHeadDim>::kElems;
+  static constexpr int kSmemKV = common::SwizzledTile<kBlockN, kHeadDim>::kElems;
   static constexpr int kSmemBytes = (kSmemQ + 2 * kSmemKV) * 2;
   static_assert(kRowsPerWarp % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 loads n16 at a time");

@@ -1,7 +1,7 @@
 // The sm80 FlashAttention forward kernel (mma.sync m16n8k16, ldmatrix, cp.async), the FA2
-// organization: one CTA per (query block, head, batch); its warps split the query rows; K and V
-// tiles stream through swizzled shared memory; S stays in registers and becomes the A operand
-// of P·V; the division by the running sum happens once, at the end.
+// organization: one CTA per tile (query block, head, batch); its warps split the query rows; K
+// and V tiles stream through swizzled shared memory; S stays in registers and becomes the A
+// operand of P·V. Mask, online softmax, epilogue and tile order are the common/ parts.
 #pragma once
 
 #include <cfloat>
@@ -9,33 +9,25 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/epilogue.cuh"
+#include "cuda/common/mask.cuh"
+#include "cuda/common/scheduler.cuh"
+#include "cuda/common/seqlen.cuh"
+#include "cuda/common/softmax.cuh"
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/fwd_config.cuh"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/sm80/mma.cuh"
 
 namespace flashattn {
 namespace sm80 {
 
-// Writes output 0 and LSE -inf for the rows of a query block that no key may attend to.
-template <class T, class Cfg>
-__device__ void write_empty_block(const cuda::FwdParams& p, T* og, float* lse_g, int rows) {
-  constexpr int kChunks = Cfg::kHeadDim / 8;
-  for (int idx = threadIdx.x; idx < Cfg::kBlockM * kChunks; idx += Cfg::kNThreads) {
-    const int r = idx / kChunks;
-    const int c = (idx % kChunks) * 8;
-    if (r < rows && c < p.head_dim) {
-      T* dst = og + r * p.o_row_stride + c;
-      if (c + 8 <= p.head_dim) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      } else {
-        for (int e = 0; e < p.head_dim - c; ++e) dst[e] = T(0.0f);
-      }
-    }
-  }
-  if (lse_g != nullptr) {
-    for (int r = threadIdx.x; r < rows; r += Cfg::kNThreads) lse_g[r * p.lse_row_stride] = -INFINITY;
-  }
+// One CTA per tile, last query block of a head first (with a causal mask the heaviest).
+template <class Cfg>
+__host__ __device__ inline common::TileScheduler tiles_of(const cuda::FwdParams& p) {
+  return common::TileScheduler{(p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads_q,
+                               p.batch, common::TileOrder::kHeadMajorReversed};
 }
 
 template <class T, int kHeadDim>
@@ -47,18 +39,18 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   constexpr int kMTiles = Cfg::kMTiles;
   constexpr int kNTiles = Cfg::kNTiles;
   constexpr int kDTiles = Cfg::kDTiles;
-  using TileQ = SwizzledTile<kBlockM, kHeadDim>;
-  using TileKV = SwizzledTile<kBlockN, kHeadDim>;
+  using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
+  using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + Cfg::kSmemQ;
   T* sV = sK + Cfg::kSmemKV;
 
-  // Heavy (late) query blocks first: with causal masking they have the most key blocks.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const common::TileCoord tile = tiles_of<Cfg>(p).at(blockIdx.x);
+  const int m_block = tile.m_block;
+  const int head = tile.head;
+  const int batch = tile.batch;
   const int head_kv = head / p.group;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -66,11 +58,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const int seqlen_q = p.seqlen_q;
-  const int seqlen_k = p.seqlen_k;
+  const common::SeqlenInfo seq(p, batch);
+  const common::WindowMask mask = common::mask_of(p, seq);
   const int m0 = m_block * kBlockM;
-  const int rows = min(kBlockM, seqlen_q - m0);
-  const int diag = seqlen_k - seqlen_q;  // key j is visible to query i when j <= i + diag
+  const int rows = min(kBlockM, seq.seqlen_q - m0);
 
   const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
                 int64_t(m0) * p.q_row_stride;
@@ -82,150 +73,85 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
                                   : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
                                         int64_t(m0) * p.lse_row_stride;
 
-  int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.causal) {
-    const int last_visible = m0 + kBlockM - 1 + diag;  // for the block's last row
-    n_blocks = last_visible < 0 ? 0 : min(n_blocks, last_visible / kBlockN + 1);
-  }
-  if (n_blocks <= 0) {
-    write_empty_block<T, Cfg>(p, og, lse_g, rows);
+  int n_begin, n_end;
+  mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+  if (n_end <= n_begin) {
+    common::write_empty_block<T, kBlockM, kHeadDim, Cfg::kNThreads>(
+        og, p.o_row_stride, lse_g, p.lse_row_stride, rows, p.head_dim, tid);
     return;
   }
 
   // Prologue: Q and the last K tile in one cp.async group.
-  load_tile<TileQ, Cfg::kNThreads>(sQ, qg, p.q_row_stride, rows, p.head_dim, tid);
+  common::load_tile<TileQ, Cfg::kNThreads>(sQ, qg, p.q_row_stride, rows, p.head_dim, tid);
   {
-    const int n0 = (n_blocks - 1) * kBlockN;
-    load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(n0) * p.k_row_stride, p.k_row_stride,
-                                      seqlen_k - n0, p.head_dim, tid);
+    const int n0 = (n_end - 1) * kBlockN;
+    common::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(n0) * p.k_row_stride,
+                                              p.k_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
   }
-  cp_async_commit();
+  common::cp_async_commit();
 
-  float acc_o[kMTiles][kDTiles][4];
+  float acc_o[kMTiles * kDTiles * 4];
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.0f;
-  // Running maximum of scale*log2(e)*s (-inf: nothing seen yet) and the thread's part of the
-  // running sum, for rows g and g + 8 of each m16 tile.
-  float row_max[kMTiles][2];
-  float row_sum[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-    row_max[mt][0] = row_max[mt][1] = -INFINITY;
-    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
-  }
-  // A negative scale turns the largest score into the smallest: track the extremum that
-  // scaling makes the maximum, and mask with the value that scaling makes -inf.
+  for (int i = 0; i < kMTiles * kDTiles * 4; ++i) acc_o[i] = 0.0f;
+  common::OnlineSoftmax<kMTiles> softmax;
+  softmax.reset();
   const bool neg_scale = p.scale_log2 < 0.0f;
-  const float masked = neg_scale ? INFINITY : -INFINITY;
+  const float hidden = common::hidden_score(neg_scale);
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
   // ldmatrix lane roles: Q (A operand) and V (B, transposed) take matrix i = lane / 8 at rows
   // (i % 2) * 8, columns (i / 2) * 8; K (B operand) at rows (i / 2) * 8, columns (i % 2) * 8.
-  const LdsmAddr<TileQ> q_addr(sQ, warp_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
-  const LdsmAddr<TileKV> k_addr(sK, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
-  const LdsmAddr<TileKV> v_addr(sV, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+  const common::LdsmAddr<TileQ> q_addr(sQ, warp_row0 + (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+  const common::LdsmAddr<TileKV> k_addr(sK, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
+  const common::LdsmAddr<TileKV> v_addr(sV, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 
-  for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
+  for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
     const int n0 = n_block * kBlockN;
-    cp_async_wait<0>();
+    common::cp_async_wait<0>();
     __syncthreads();  // K tile landed; every warp is done with the previous V tile
-    load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride, p.v_row_stride,
-                                      seqlen_k - n0, p.head_dim, tid);
-    cp_async_commit();
+    common::load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride,
+                                              p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
+    common::cp_async_commit();
 
     // S = Q K^T for this warp's rows.
-    float acc_s[kMTiles][kNTiles][4];
+    float acc_s[kMTiles * kNTiles * 4];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.0f;
+    for (int i = 0; i < kMTiles * kNTiles * 4; ++i) acc_s[i] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        ldmatrix_x4(q_addr.at(mt * 16, kk), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+        common::ldmatrix_x4(q_addr.at(mt * 16, kk), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
       }
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(k_addr.at(np * 16, kk), b0, b1, b2, b3);
+        common::ldmatrix_x4(k_addr.at(np * 16, kk), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<T>(acc_s[mt][2 * np], a[mt], b0, b1);
-          mma_16816<T>(acc_s[mt][2 * np + 1], a[mt], b2, b3);
+          mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np), a[mt], b0, b1);
+          mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np + 1), a[mt], b2, b3);
         }
       }
     }
 
-    // Masks, only on the tiles that need them: past the end of the keys, or across the diagonal.
-    const bool need_mask =
-        (n0 + kBlockN > seqlen_k) || (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = m0 + warp_row0 + mt * 16 + g + hh * 8;
-          const int limit = p.causal ? min(seqlen_k - 1, row + diag) : seqlen_k - 1;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = n0 + nt * 8 + 2 * t + e;
-              if (col > limit) acc_s[mt][nt][hh * 2 + e] = masked;
-            }
-        }
+    if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+      mask.apply<kMTiles, kNTiles>(acc_s, m0 + warp_row0 + g, n0 + 2 * t, hidden);
     }
 
-    cp_async_wait<0>();
+    common::cp_async_wait<0>();
     __syncthreads();  // V tile landed; every warp is done reading this K tile
-    if (n_block > 0) {
+    if (n_block > n_begin) {
       const int nn = n0 - kBlockN;
-      load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(nn) * p.k_row_stride, p.k_row_stride,
-                                        seqlen_k - nn, p.head_dim, tid);
-      cp_async_commit();
+      common::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(nn) * p.k_row_stride,
+                                                p.k_row_stride, seq.seqlen_k - nn, p.head_dim,
+                                                tid);
+      common::cp_async_commit();
     }
 
-    // Online softmax: new maximum, rescale what came before, P = exp2(s*scale_log2 - max).
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float ext = acc_s[mt][0][hh * 2];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float s = acc_s[mt][nt][hh * 2 + e];
-            ext = neg_scale ? fminf(ext, s) : fmaxf(ext, s);
-          }
-        ext = neg_scale ? quad_min(ext) : quad_max(ext);
-        const float m_new = fmaxf(row_max[mt][hh], ext * p.scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = exp2_approx(row_max[mt][hh] - m_use);
-        row_max[mt][hh] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = exp2_approx(fmaf(acc_s[mt][nt][hh * 2 + e], p.scale_log2, -m_use));
-            acc_s[mt][nt][hh * 2 + e] = pv;
-            sum += pv;
-          }
-        row_sum[mt][hh] = row_sum[mt][hh] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          acc_o[mt][dt][hh * 2] *= corr;
-          acc_o[mt][dt][hh * 2 + 1] *= corr;
-        }
-      }
+    float corr[2 * kMTiles];
+    softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
+    common::scale_rows<kMTiles, kDTiles>(acc_o, corr);
 
     // O += P V: two adjacent n8 tiles of S are the A fragment of one k16 step.
 #pragma unroll
@@ -233,58 +159,48 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
       uint32_t a[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = pack2<T>(acc_s[mt][2 * ks][0], acc_s[mt][2 * ks][1]);
-        a[mt][1] = pack2<T>(acc_s[mt][2 * ks][2], acc_s[mt][2 * ks][3]);
-        a[mt][2] = pack2<T>(acc_s[mt][2 * ks + 1][0], acc_s[mt][2 * ks + 1][1]);
-        a[mt][3] = pack2<T>(acc_s[mt][2 * ks + 1][2], acc_s[mt][2 * ks + 1][3]);
+        const float* s0 = acc_s + (mt * kNTiles + 2 * ks) * 4;
+        a[mt][0] = common::pack2<T>(s0[0], s0[1]);
+        a[mt][1] = common::pack2<T>(s0[2], s0[3]);
+        a[mt][2] = common::pack2<T>(s0[4], s0[5]);
+        a[mt][3] = common::pack2<T>(s0[6], s0[7]);
       }
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(v_addr.at(ks * 16, dp), b0, b1, b2, b3);
+        common::ldmatrix_x4_trans(v_addr.at(ks * 16, dp), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<T>(acc_o[mt][2 * dp], a[mt], b0, b1);
-          mma_16816<T>(acc_o[mt][2 * dp + 1], a[mt], b2, b3);
+          mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp), a[mt], b0, b1);
+          mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp + 1), a[mt], b2, b3);
         }
       }
     }
   }
 
   // Epilogue: one division per row, O through shared memory (the Q tile) for 16-byte stores.
+  float inv[2 * kMTiles], lse[2 * kMTiles];
+  softmax.finalize(inv, lse);
   __syncthreads();  // every warp is done reading sQ
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float l = quad_sum(row_sum[mt][hh]);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int r = warp_row0 + mt * 16 + g + hh * 8;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const uint32_t v = pack2<T>(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
-        *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r, dt * 8 + 2 * t)) = v;
-      }
-      if (lse_g != nullptr && t == 0 && r < rows) {
-        const float m = row_max[mt][hh];
-        lse_g[int64_t(r) * p.lse_row_stride] =
-            (l > 0.0f && m != -INFINITY) ? m * 0.69314718055994531f + logf(l) : -INFINITY;
-      }
-    }
+  common::write_o_fragment<T, TileQ, kMTiles, kDTiles>(sQ, acc_o, inv, warp_row0 + g, t);
+  common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows, t);
   __syncthreads();
-  store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows, p.head_dim, tid);
+  common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows, p.head_dim, tid);
 }
 
 // Launches the kernel for one (dtype, padded head dim). Returns the launch's error.
 template <class T, int kHeadDim>
-cudaError_t launch_fwd(const cuda::FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo&,
+                       cudaStream_t stream) {
   using Cfg = FwdConfig<kHeadDim>;
   auto kernel = fwd_kernel<T, kHeadDim>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads_q, p.batch);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
+  const int64_t tiles = tiles_of<Cfg>(p).num_tiles();
+  if (tiles > INT32_MAX) return cudaErrorNotSupported;
+  if (tiles == 0) return cudaSuccess;
+  kernel<<<static_cast<unsigned>(tiles), Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

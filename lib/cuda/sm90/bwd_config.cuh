@@ -1,7 +1,7 @@
 // Hopper backward tile shapes per padded head dim: the one place they are chosen.
 #pragma once
 
-#include "cuda/sm80/tile.cuh"
+#include "cuda/common/tile.cuh"
 
 namespace flashattn {
 namespace sm90 {
@@ -21,9 +21,9 @@ struct BwdConfig {
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
   static constexpr int kBlockN = 64 * kWarpGroups;          // keys per CTA: 64 per warpgroup
   static constexpr bool kDqByRows = kBlockM == 128;          // how the warpgroups split dQ
-  using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
-  using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
-  using TileDS = sm80::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
+  using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
+  using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
+  using TileDS = common::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
   static constexpr int kKVBytes = TileKV::kElems * 2;
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kDSBytes = TileDS::kElems * 2;
@@ -52,9 +52,9 @@ struct BwdSplitConfig {
   static constexpr int kBlockN = 64;  // keys per CTA
   static constexpr int kDSplit = kHeadDim / kWarpGroups;  // dK, dV, dQ columns per warpgroup
   static constexpr int kQSplit = kBlockM / kWarpGroups;   // S^T, dP^T queries per warpgroup
-  using TileKV = sm80::SwizzledTile<kBlockN, kHeadDim>;
-  using TileQ = sm80::SwizzledTile<kBlockM, kHeadDim>;
-  using TileP = sm80::SwizzledTile<kBlockN, kBlockM>;  // P^T and dS^T: [keys][queries]
+  using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
+  using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
+  using TileP = common::SwizzledTile<kBlockN, kBlockM>;  // P^T and dS^T: [keys][queries]
   static constexpr int kKVBytes = TileKV::kElems * 2;
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kPBytes = TileP::kElems * 2;
@@ -66,11 +66,8 @@ struct BwdSplitConfig {
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM's shared memory");
 };
 
-// The head dims the Hopper backward serves (the others run the sm80 one; generate.py's
-// BWD_HEAD_DIMS lists the same) and the shared memory its kernel for one of them takes.
-constexpr bool has_backward(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
+// The shared memory of the Hopper backward's kernel for a head dim of the kernel table's row
+// (lib/cuda/generate.py: 64 and 128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh).
 constexpr int bwd_smem_bytes(int head_dim) {
   return head_dim == 256  ? BwdSplitConfig<256>::kSmemBytes
          : head_dim == 64 ? BwdConfig<64>::kSmemBytes

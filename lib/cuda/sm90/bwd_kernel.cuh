@@ -18,12 +18,12 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
-#include "cuda/sm80/bwd_step.cuh"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
-#include "cuda/sm90/arch.cuh"
+#include "cuda/common/bwd_step.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/common/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
-#include "cuda/sm90/common.cuh"
+#include "cuda/sm90/wgmma_util.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn {
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   using TileDS = typename Cfg::TileDS;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = smem_align1024(smem_raw);
+  unsigned char* base = common::smem_align1024(smem_raw);
   T* sK = reinterpret_cast<T*>(base);
   T* sV = reinterpret_cast<T*>(base + Cfg::kKVBytes);
   T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);                      // 2 stages
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                                            Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
   // [2 stages][LSE * log2(e), D][kBlockM]
 
-  const sm80::BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
   const int warp = (tid % 128) / 32;  // warp within the warpgroup: accumulator rows 16 warp..
@@ -67,28 +67,28 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const int n0 = blk.n0;
   const int steps = blk.steps;
 
-  sm80::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    sm80::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block, sQ + stage * TileQ::kElems,
+    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block, sQ + stage * TileQ::kElems,
                                          sdO + stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);
   };
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
   if (steps > 0) load_step(head, m_block, 0);
-  sm80::cp_async_commit();
+  common::cp_async_commit();
 
   float acc_dk[kDAcc];
   float acc_dv[kDAcc];
 #pragma unroll
   for (int i = 0; i < kDAcc; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
 
-  const uint32_t k_addr = sm80::smem_u32(sK) + wg * 64 * 128;  // this warpgroup's 64 key rows
-  const uint32_t v_addr = sm80::smem_u32(sV) + wg * 64 * 128;
+  const uint32_t k_addr = common::smem_u32(sK) + wg * 64 * 128;  // this warpgroup's 64 key rows
+  const uint32_t v_addr = common::smem_u32(sV) + wg * 64 * 128;
   // dQ = dS K operands of this warpgroup: its 64 queries (a 64-column block of dS^T) and all
   // of K, or all queries and its 64-column block of K.
-  const uint32_t dq_a_addr = sm80::smem_u32(sdS) + (Cfg::kDqByRows ? wg * kBlockN * 128 : 0);
-  const uint32_t dq_b_addr = sm80::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
+  const uint32_t dq_a_addr = common::smem_u32(sdS) + (Cfg::kDqByRows ? wg * kBlockN * 128 : 0);
+  const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
   for (int step = 0; step < steps; ++step) {
@@ -97,16 +97,16 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     int next_m_block = m_block;
     blk.next(next_head, next_m_block);
     const int stage = step % 2;
-    const uint32_t q_addr = sm80::smem_u32(sQ + stage * TileQ::kElems);
-    const uint32_t do_addr = sm80::smem_u32(sdO + stage * TileQ::kElems);
+    const uint32_t q_addr = common::smem_u32(sQ + stage * TileQ::kElems);
+    const uint32_t do_addr = common::smem_u32(sdO + stage * TileQ::kElems);
     const float* lse2 = sStats + stage * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
-    sm80::cp_async_wait<0>();
-    fence_proxy_async();
+    common::cp_async_wait<0>();
+    common::fence_proxy_async();
     __syncthreads();  // this step's tiles landed; the last step is done with sdS and buffers
     if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
-    sm80::cp_async_commit();
+    common::cp_async_commit();
 
     // S^T and dP^T: m64 (this warpgroup's keys) x kBlockM (queries), k = head_dim, as two
     // wgmma groups: the exponentials below run while the dP^T group is still on the tensor cores.
@@ -129,13 +129,13 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e % 2);
-        acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+        acc_s[4 * j + e] = common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
       }
     }
-    // Masks, only where the block meets the end of the keys or the causal diagonal.
-    if (n0 + kBlockN > p.seqlen_k || (p.causal && n0 + kBlockN - 1 > m0 + blk.diag)) {
-      sm80::mask_transposed<kBlockM>(acc_s, n0 + wg * 64 + warp * 16 + g, m0, t, blk.diag,
-                                     p.seqlen_k, p.causal);
+    // Masks, only where some key of the block is hidden from some query of the step.
+    if (blk.mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+      blk.mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g, m0 + 2 * t,
+                                                0.0f);
     }
     wgmma_wait<0>();
     fence_registers(acc_dp);
@@ -152,10 +152,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       }
       // Columns 8j..8j+7 are half of k16 step j / 2: registers {0,1} of the step for even j,
       // {2,3} for odd j.
-      pt[j / 2][(j % 2) * 2 + 0] = sm80::pack2<T>(acc_s[4 * j + 0], acc_s[4 * j + 1]);
-      pt[j / 2][(j % 2) * 2 + 1] = sm80::pack2<T>(acc_s[4 * j + 2], acc_s[4 * j + 3]);
-      dst[j / 2][(j % 2) * 2 + 0] = sm80::pack2<T>(dv[0], dv[1]);
-      dst[j / 2][(j % 2) * 2 + 1] = sm80::pack2<T>(dv[2], dv[3]);
+      pt[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(acc_s[4 * j + 0], acc_s[4 * j + 1]);
+      pt[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(acc_s[4 * j + 2], acc_s[4 * j + 3]);
+      dst[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(dv[0], dv[1]);
+      dst[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(dv[2], dv[3]);
     }
 
     // dS^T to shared memory, [keys][queries], for dQ = dS K (before the wgmmas below take
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
       }
     }
-    fence_proxy_async();
+    common::fence_proxy_async();
 
     // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major (rows = queries = k, head_dim = n).
     wgmma_fence();
@@ -217,32 +217,32 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (p.deterministic) {
       sem = p.dq_semaphore +
             (int64_t(blk.batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-      sm80::wait_dq_turn(sem, blk.n_block);
+      common::wait_dq_turn(sem, blk.n_block);
     }
-    if (lane == 0) bulk_wait_read();  // the last step's add has finished reading warp_dq
+    if (lane == 0) common::bulk_wait_read();  // the last step's add has finished reading warp_dq
     __syncwarp();
     stage_dq_rows<64>(warp_dq + g * 64, acc_dq, g, t);
-    fence_proxy_async();
+    common::fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
       // The warpgroup's tile: queries m0 + 64 wg (split by rows) or its 64-column block (split
       // by columns); either way 64 * 64 floats past the step's first row.
       const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
       float* dst_tile = p.dq_accum + (head_rows + m0) * p.head_dim_padded + wg * 64 * 64;
-      bulk_reduce_add_f32(dst_tile + warp * 16 * 64, warp_dq, 16 * 64 * 4);
+      common::bulk_reduce_add_f32(dst_tile + warp * 16 * 64, warp_dq, 16 * 64 * 4);
       if (p.deterministic) {
-        bulk_wait_all();
+        common::bulk_wait_all();
         __threadfence();
       }
     }
-    if (p.deterministic) sm80::pass_dq_turn(sem, blk.n_block);
+    if (p.deterministic) common::pass_dq_turn(sem, blk.n_block);
     head = next_head;
     m_block = next_m_block;
   }
-  if (lane == 0) bulk_wait_all();  // shared memory stays until the adds have read it
+  if (lane == 0) common::bulk_wait_all();  // shared memory stays until the adds have read it
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles).
-  sm80::cp_async_wait<0>();
+  common::cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -250,27 +250,22 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
       const int c = 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = sm80::pack2<T>(
+      *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = common::pack2<T>(
           acc_dk[4 * j + 2 * hh] * p.scale, acc_dk[4 * j + 2 * hh + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(sV + TileKV::offset(r, c)) =
-          sm80::pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
+          common::pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
     }
   }
   __syncthreads();
-  sm80::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  common::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   using Cfg = BwdConfig<kHeadDim>;
-  auto kernel = bwd_kernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return common::launch_key_blocks(bwd_kernel<T, kHeadDim>, p, Cfg::kBlockN, Cfg::kNThreads,
+                                   Cfg::kSmemBytes, stream);
 }
 
 }  // namespace sm90

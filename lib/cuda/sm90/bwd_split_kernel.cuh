@@ -16,12 +16,12 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
-#include "cuda/sm80/bwd_step.cuh"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
-#include "cuda/sm90/arch.cuh"
+#include "cuda/common/bwd_step.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/common/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
-#include "cuda/sm90/common.cuh"
+#include "cuda/sm90/wgmma_util.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn {
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   using TileP = typename Cfg::TileP;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = smem_align1024(smem_raw);
+  unsigned char* base = common::smem_align1024(smem_raw);
   T* sK = reinterpret_cast<T*>(base);
   T* sV = reinterpret_cast<T*>(base + Cfg::kKVBytes);
   T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);  // stage s at sQ + 2 s TileQ::kElems
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
                                            2 * Cfg::kPBytes);  // [2 stages][LSE2, D][64]
 
-  const sm80::BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int warp = (tid % 128) / 32;  // accumulator rows 16 warp + g (+8): keys, or queries (dQ)
@@ -64,9 +64,9 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   const int n0 = blk.n0;
   const int steps = blk.steps;
 
-  sm80::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    sm80::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block,
+    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block,
                                          sQ + 2 * stage * TileQ::kElems,
                                          sdO + 2 * stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
   if (steps > 0) load_step(head, m_block, 0);
-  sm80::cp_async_commit();
+  common::cp_async_commit();
 
   float acc_dk[kDAcc];
   float acc_dv[kDAcc];
@@ -82,10 +82,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
   for (int i = 0; i < kDAcc; ++i) acc_dk[i] = acc_dv[i] = acc_dq[i] = 0.0f;
 
-  const uint32_t k_addr = sm80::smem_u32(sK);
-  const uint32_t v_addr = sm80::smem_u32(sV);
-  const uint32_t p_addr = sm80::smem_u32(sP);
-  const uint32_t ds_addr = sm80::smem_u32(sdS);
+  const uint32_t k_addr = common::smem_u32(sK);
+  const uint32_t v_addr = common::smem_u32(sV);
+  const uint32_t p_addr = common::smem_u32(sP);
+  const uint32_t ds_addr = common::smem_u32(sdS);
   // This warpgroup's head-dim columns start at 64-column block 2 wg of K, Q and dO tiles.
   constexpr uint32_t kColBlockKV = kBlockN * 128;  // bytes of one 64-column block
   constexpr uint32_t kColBlockQ = kBlockM * 128;
@@ -95,23 +95,23 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
   int* pending_sem = nullptr;
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) sm80::wait_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, blk.n_block);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
     stage_dq_rows<kDSplit>(s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64, acc_dq, g, t);
-    fence_proxy_async();
+    common::fence_proxy_async();
     __syncwarp();
     if (lane == 0) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int off = (2 * wg + c) * 4096 + warp * 16 * 64;
-        bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off, 16 * 64 * 4);
+        common::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off, 16 * 64 * 4);
       }
       if (pending_sem != nullptr) {
-        bulk_wait_all();
+        common::bulk_wait_all();
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) sm80::pass_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, blk.n_block);
   };
 
   for (int step = 0; step < steps; ++step) {
@@ -120,13 +120,13 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     int next_m_block = m_block;
     blk.next(next_head, next_m_block);
     const int stage = step % 2;
-    const uint32_t q_addr = sm80::smem_u32(sQ + 2 * stage * TileQ::kElems);
-    const uint32_t do_addr = sm80::smem_u32(sdO + 2 * stage * TileQ::kElems);
+    const uint32_t q_addr = common::smem_u32(sQ + 2 * stage * TileQ::kElems);
+    const uint32_t do_addr = common::smem_u32(sdO + 2 * stage * TileQ::kElems);
     const float* lse2 = sStats + stage * 2 * kBlockM + wg * kQSplit;  // this warpgroup's queries
     const float* dsum = lse2 + kBlockM;
 
-    sm80::cp_async_wait<0>();
-    fence_proxy_async();
+    common::cp_async_wait<0>();
+    common::fence_proxy_async();
     __syncthreads();  // this step's tiles landed; the last step's readers are done
     if (step > 0) flush_dq(1 - stage);
 
@@ -152,13 +152,13 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e % 2);
-        acc_s[4 * j + e] = sm80::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+        acc_s[4 * j + e] = common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
       }
     }
-    // Masks, only where the block meets the end of the keys or the causal diagonal.
-    if (n0 + kBlockN > p.seqlen_k || (p.causal && n0 + kBlockN - 1 > m0 + blk.diag)) {
-      sm80::mask_transposed<kQSplit>(acc_s, n0 + warp * 16 + g, m0 + wg * kQSplit, t, blk.diag,
-                                     p.seqlen_k, p.causal);
+    // Masks, only where some key of the block is hidden from some query of the step.
+    if (blk.mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+      blk.mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
+                                                m0 + wg * kQSplit + 2 * t, 0.0f);
     }
     wgmma_wait<0>();
     fence_registers(acc_dp);
@@ -175,18 +175,18 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
           const float p0 = acc_s[4 * j + 2 * hh], p1 = acc_s[4 * j + 2 * hh + 1];
           const float ds0 = p0 * (acc_dp[4 * j + 2 * hh] - dsum[8 * j + 2 * t]);
           const float ds1 = p1 * (acc_dp[4 * j + 2 * hh + 1] - dsum[8 * j + 2 * t + 1]);
-          *reinterpret_cast<uint32_t*>(sP + off + hh * 8 * 64) = sm80::pack2<T>(p0, p1);
-          *reinterpret_cast<uint32_t*>(sdS + off + hh * 8 * 64) = sm80::pack2<T>(ds0, ds1);
+          *reinterpret_cast<uint32_t*>(sP + off + hh * 8 * 64) = common::pack2<T>(p0, p1);
+          *reinterpret_cast<uint32_t*>(sdS + off + hh * 8 * 64) = common::pack2<T>(ds0, ds1);
         }
       }
     }
-    fence_proxy_async();
+    common::fence_proxy_async();
     // This warp's dQ add has read the other stage before the barrier, so the prefetch after it
     // may refill that stage.
-    if (step > 0 && lane == 0) bulk_wait_read();
+    if (step > 0 && lane == 0) common::bulk_wait_read();
     __syncthreads();  // P^T and dS^T complete
     if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
-    sm80::cp_async_commit();
+    common::cp_async_commit();
 
     // dV += P^T dO and dK += dS^T Q: m64 (keys) x n128 (this warpgroup's columns), k = 64
     // queries; A K-major from [keys][queries], B MN-major.
@@ -233,11 +233,11 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   if (steps > 0) {
     __syncthreads();  // every warp is done reading the last stage
     flush_dq((steps - 1) % 2);
-    if (lane == 0) bulk_wait_all();  // shared memory must outlive the adds' reads
+    if (lane == 0) common::bulk_wait_all();  // shared memory must outlive the adds' reads
   }
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles) to global memory.
-  sm80::cp_async_wait<0>();
+  common::cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -245,27 +245,22 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
     for (int j = 0; j < kDSplit / 8; ++j) {
       const int c = wg * kDSplit + 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = sm80::pack2<T>(
+      *reinterpret_cast<uint32_t*>(sK + TileKV::offset(r, c)) = common::pack2<T>(
           acc_dk[4 * j + 2 * hh] * p.scale, acc_dk[4 * j + 2 * hh + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(sV + TileKV::offset(r, c)) =
-          sm80::pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
+          common::pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
     }
   }
   __syncthreads();
-  sm80::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  common::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_split_main(const cuda::BwdParams& p, cudaStream_t stream) {
   using Cfg = BwdSplitConfig<kHeadDim>;
-  auto kernel = bwd_split_kernel<T, kHeadDim>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_kv, p.batch);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return common::launch_key_blocks(bwd_split_kernel<T, kHeadDim>, p, Cfg::kBlockN, Cfg::kNThreads,
+                                   Cfg::kSmemBytes, stream);
 }
 
 }  // namespace sm90

@@ -1,235 +1,359 @@
-// The Hopper (sm_90a) FlashAttention forward: one warpgroup per CTA owns 64 query rows and runs
-// both GEMMs on wgmma: S = Q K^T with Q and K read from shared memory through descriptors, and
-// O += P V with P straight from the S accumulators in registers (the accumulator layout is the
-// register-A layout) and V read MN-major. Tiles arrive by cp.async into the same 128-byte
-// swizzled layout the sm80 kernels use, which is wgmma's SWIZZLE_128B layout. Two CTAs share an
-// SM, so one's softmax runs under the other's GEMMs.
+// The Hopper (sm_90a) FlashAttention forward, warp-specialized (HOPPER.md §2):
+//  - warpgroup 0, the producer, gives most of its registers away and one thread issues every
+//    load by TMA: Q once per tile, K and V block by block into rings of kStages slots, each slot
+//    with a full barrier (transaction bytes) and an empty one (an arrival per consumer);
+//  - warpgroups 1 and 2, the consumers, own 64 query rows each and run S = Q K^T (both from
+//    shared memory) and O += P V (P from registers) on wgmma. Within a warpgroup the next
+//    block's S is issued before this block's P V, so the softmax of one block runs while the
+//    tensor cores work on the other; across warpgroups two named barriers take turns so one's
+//    softmax runs under the other's GEMMs (pingpong);
+//  - O is normalized, staged swizzled in shared memory and written by TMA; LSE from registers;
+//  - the grid is persistent: each CTA walks the tiles of common::TileScheduler.
+// The parts every kernel shares (mask, online softmax, epilogue, scheduler) are in common/.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "cuda/common/epilogue.cuh"
+#include "cuda/common/mask.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/scheduler.cuh"
+#include "cuda/common/seqlen.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/tile.cuh"
 #include "cuda/flash/params.hpp"
-#include "cuda/sm80/fwd_kernel.cuh"  // write_empty_block
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
-#include "cuda/sm90/arch.cuh"
-#include "cuda/sm90/common.cuh"
 #include "cuda/sm90/fwd_config.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 #include "cuda/sm90/wgmma.cuh"
+#include "cuda/sm90/wgmma_util.cuh"
 
 namespace flashattn {
 namespace sm90 {
 
+// The kernel's one parameter (a __grid_constant__, so the tensor maps are addressable).
+struct FwdTmaArgs {
+  CUtensorMap q, k, v, o;
+  cuda::FwdParams p;
+  common::TileScheduler sched;
+};
+
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(128, 2) fwd_kernel(const cuda::FwdParams p) {
+__global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdTmaArgs args) {
 #ifdef FLASHATTN_SM90A_DEVICE
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
-  constexpr int kSAcc = kBlockN / 2;   // S accumulator registers per thread
-  constexpr int kOAcc = kHeadDim / 2;  // O accumulator registers per thread
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kColBlocks = Cfg::kColBlocks;
+  constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per warp
+  constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp
+  constexpr int kKSteps = kBlockN / 16;  // k16 steps of P V
+  constexpr int kSlab = 64 * 128;        // bytes of 64 rows of one 64-column block
   using TileQ = typename Cfg::TileQ;
   using TileKV = typename Cfg::TileKV;
 
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* base = smem_align1024(smem_raw);
-  T* sQ = reinterpret_cast<T*>(base);
-  T* sK = reinterpret_cast<T*>(base + Cfg::kQBytes);
-  T* sV = reinterpret_cast<T*>(base + Cfg::kQBytes + Cfg::kKVBytes);
+  unsigned char* base = common::smem_align1024(smem_raw);
+  T* sQ = reinterpret_cast<T*>(base + Cfg::kOffQ);
+  T* sK = reinterpret_cast<T*>(base + Cfg::kOffK);
+  T* sV = reinterpret_cast<T*>(base + Cfg::kOffV);
+  T* sO = reinterpret_cast<T*>(base + Cfg::kOffO);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Cfg::kOffBarriers);
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* k_full = q_full + 2;
+  uint64_t* k_empty = k_full + kStages;
+  uint64_t* v_full = k_empty + kStages;
+  uint64_t* v_empty = v_full + kStages;
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy causal blocks first
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int head_kv = head / p.group;
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
+  const cuda::FwdParams& p = args.p;
+  const common::TileScheduler& sched = args.sched;
+  const int num_tiles = static_cast<int>(sched.num_tiles());
+  const int wg = threadIdx.x / 128;
 
-  const int seqlen_q = p.seqlen_q;
-  const int seqlen_k = p.seqlen_k;
-  const int m0 = m_block * kBlockM;
-  const int rows = min(kBlockM, seqlen_q - m0);
-  const int diag = seqlen_k - seqlen_q;
-
-  const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                int64_t(m0) * p.q_row_stride;
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
-  T* og = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-          int64_t(m0) * p.o_row_stride;
-  float* lse_g = p.lse == nullptr ? nullptr
-                                  : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
-                                        int64_t(m0) * p.lse_row_stride;
-
-  int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (p.causal) {
-    const int last_visible = m0 + kBlockM - 1 + diag;
-    n_blocks = last_visible < 0 ? 0 : min(n_blocks, last_visible / kBlockN + 1);
-  }
-  if (n_blocks <= 0) {  // no key is visible to any row: output 0, LSE -inf
-    sm80::write_empty_block<T, Cfg>(p, og, lse_g, rows);
-    return;
-  }
-
-  sm80::load_tile<TileQ, Cfg::kNThreads>(sQ, qg, p.q_row_stride, rows, p.head_dim, tid);
-  {
-    const int n0 = (n_blocks - 1) * kBlockN;
-    sm80::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(n0) * p.k_row_stride,
-                                            p.k_row_stride, seqlen_k - n0, p.head_dim, tid);
-  }
-  sm80::cp_async_commit();
-
-  float acc_o[kOAcc];
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, Cfg::kConsumers);
 #pragma unroll
-  for (int i = 0; i < kOAcc; ++i) acc_o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // of scale * log2(e) * s
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's part
-  const bool neg_scale = p.scale_log2 < 0.0f;
-  const float masked = neg_scale ? INFINITY : -INFINITY;
-
-  // Descriptors. Q and K are K-major (rows of head_dim): a k16 step moves 32 bytes inside a
-  // 64-column block, and 4 steps move to the next block (rows * 128 bytes further). V is the
-  // MN-major B of P V: a k16 step is 16 rows = two 1024-byte atoms; LBO jumps 64 columns.
-  const uint32_t q_addr = sm80::smem_u32(sQ);
-  const uint32_t k_addr = sm80::smem_u32(sK);
-  const uint32_t v_addr = sm80::smem_u32(sV);
-
-  for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
-    const int n0 = n_block * kBlockN;
-    sm80::cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // K landed for every thread; the last P V is done with sV
-    sm80::load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride,
-                                            p.v_row_stride, seqlen_k - n0, p.head_dim, tid);
-    sm80::cp_async_commit();
-
-    float acc_s[kSAcc];
-#pragma unroll
-    for (int i = 0; i < kSAcc; ++i) acc_s[i] = 0.0f;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t qa = q_addr + (kk % 4) * 32 + (kk / 4) * kBlockM * 128;
-      const uint32_t ka = k_addr + (kk % 4) * 32 + (kk / 4) * kBlockN * 128;
-      wgmma_ss<T, kBlockN>(acc_s, smem_desc(qa, 16, 1024), smem_desc(ka, 16, 1024), kk > 0);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full + s, 1);
+      mbar_init(k_empty + s, Cfg::kConsumers);
+      mbar_init(v_full + s, 1);
+      mbar_init(v_empty + s, Cfg::kConsumers);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-
-    const bool need_mask =
-        (n0 + kBlockN > seqlen_k) || (p.causal && n0 + kBlockN - 1 > m0 + diag);
-    if (need_mask) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = m0 + warp * 16 + g + hh * 8;
-        const int limit = p.causal ? min(seqlen_k - 1, row + diag) : seqlen_k - 1;
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (n0 + j * 8 + 2 * t + e > limit) acc_s[4 * j + 2 * hh + e] = masked;
-          }
-      }
-    }
-
-    // Online softmax on the accumulators; P packed to 16-bit pairs as the A operand of P V.
-    uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float ext = acc_s[2 * hh];
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float s = acc_s[4 * j + 2 * hh + e];
-          ext = neg_scale ? fminf(ext, s) : fmaxf(ext, s);
-        }
-      ext = neg_scale ? sm80::quad_min(ext) : sm80::quad_max(ext);
-      const float m_new = fmaxf(row_max[hh], ext * p.scale_log2);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = sm80::exp2_approx(row_max[hh] - m_use);
-      row_max[hh] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& s = acc_s[4 * j + 2 * hh + e];
-          s = sm80::exp2_approx(fmaf(s, p.scale_log2, -m_use));
-          sum += s;
-        }
-      row_sum[hh] = row_sum[hh] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        acc_o[4 * j + 2 * hh] *= corr;
-        acc_o[4 * j + 2 * hh + 1] *= corr;
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        pa[kk][i] = sm80::pack2<T>(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
-      }
-    }
-
-    sm80::cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // V landed for every thread; every warp is done with sK
-    if (n_block > 0) {
-      const int nn = n0 - kBlockN;
-      sm80::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(nn) * p.k_row_stride,
-                                              p.k_row_stride, seqlen_k - nn, p.head_dim, tid);
-      sm80::cp_async_commit();
-    }
-
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_rs<T, kHeadDim>(acc_o, pa[kk], smem_desc(v_addr + kk * 2048, kBlockN * 128, 1024),
-                            1);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-  }
-
-  // Epilogue: one division per row; O through shared memory (the Q tile) for 16-byte stores.
-  __syncthreads();  // every warp is done with sQ
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float l = sm80::quad_sum(row_sum[hh]);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int r = warp * 16 + g + hh * 8;
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const uint32_t v =
-          sm80::pack2<T>(acc_o[4 * j + 2 * hh] * inv, acc_o[4 * j + 2 * hh + 1] * inv);
-      *reinterpret_cast<uint32_t*>(sQ + TileQ::offset(r, j * 8 + 2 * t)) = v;
-    }
-    if (lse_g != nullptr && t == 0 && r < rows) {
-      const float m = row_max[hh];
-      lse_g[int64_t(r) * p.lse_row_stride] =
-          (l > 0.0f && m != -INFINITY) ? m * 0.69314718055994531f + logf(l) : -INFINITY;
-    }
+    mbar_fence_init();
   }
   __syncthreads();
-  sm80::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows, p.head_dim, tid);
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    prefetch_tensor_map(&args.q);
+    prefetch_tensor_map(&args.k);
+    prefetch_tensor_map(&args.v);
+    prefetch_tensor_map(&args.o);
+    RingSlot<kStages> kv;
+    uint32_t q_phase = 0;
+    // One block's K or V rows into a ring slot: one box per 64-column block.
+    auto load_kv = [&](const CUtensorMap* map, T* ring, uint64_t* full, int slot, int n,
+                       int head_kv, int batch) {
+      mbar_arrive_expect_tx(full + slot, Cfg::kKVBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(ring + slot * TileKV::kElems + cb * kBlockN * 64, map, full + slot,
+                    cb * kTmaBoxCols, n * kBlockN, head_kv, batch);
+      }
+    };
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const common::TileCoord c = sched.at(tile);
+      const common::SeqlenInfo seq(p, c.batch);
+      const common::WindowMask mask = common::mask_of(p, seq);
+      const int m0 = c.m_block * kBlockM;
+      int n_begin, n_end;
+      mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+      const int head_kv = c.head / p.group;
+
+      mbar_wait(q_empty, q_phase ^ 1);
+      if (n_end > n_begin) {
+        mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          tma_load_4d(sQ + cb * kBlockM * 64, &args.q, q_full, cb * kTmaBoxCols, m0, c.head,
+                      c.batch);
+        }
+      } else {
+        mbar_arrive(q_full);  // nothing to load: the consumers write the empty block
+      }
+      q_phase ^= 1;
+
+      // K of block i, then V of block i - 1: the order the consumers use them in.
+      RingSlot<kStages> prev;
+      for (int n = n_end - 1; n >= n_begin; --n) {
+        mbar_wait(k_empty + kv.index, kv.phase ^ 1);
+        load_kv(&args.k, sK, k_full, kv.index, n, head_kv, c.batch);
+        if (n < n_end - 1) {
+          mbar_wait(v_empty + prev.index, prev.phase ^ 1);
+          load_kv(&args.v, sV, v_full, prev.index, n + 1, head_kv, c.batch);
+        }
+        prev = kv;
+        kv.advance();
+      }
+      if (n_end > n_begin) {
+        mbar_wait(v_empty + prev.index, prev.phase ^ 1);
+        load_kv(&args.v, sV, v_full, prev.index, n_begin, head_kv, c.batch);
+      }
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int cwg = wg - 1;
+    const int tid = threadIdx.x - 128 * wg;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const bool leader = tid == 0;  // arrives on the empty barriers, issues the O store
+    // Pingpong: a warpgroup waits for its turn on its own barrier and hands the turn to the
+    // other after issuing its GEMMs; warpgroup 0 goes first.
+    const int turn_self = kFirstNamedBarrier + cwg;
+    const int turn_other = kFirstNamedBarrier + (1 - cwg);
+    const int wg_barrier = kFirstNamedBarrier + 2 + cwg;  // this warpgroup's 128 threads
+    constexpr int kTurnThreads = 256;
+
+    const uint32_t q_addr = common::smem_u32(sQ) + cwg * kSlab;  // this warpgroup's 64 rows
+    const uint32_t k_addr = common::smem_u32(sK);
+    const uint32_t v_addr = common::smem_u32(sV);
+    const bool neg_scale = p.scale_log2 < 0.0f;
+    const float hidden = common::hidden_score(neg_scale);
+    RingSlot<kStages> kv;
+    uint32_t q_phase = 0;
+
+    auto gemm_qk = [&](float(&acc)[kBlockN / 2], int slot) {
+      wgmma_ss_k<T, kBlockN, kHeadDim>(acc, q_addr, kBlockM * 128,
+                                       k_addr + slot * Cfg::kKVBytes, kBlockN * 128);
+    };
+    auto gemm_pv = [&](float(&acc)[kHeadDim / 2], const uint32_t(&pa)[kKSteps][4], int slot) {
+      const uint32_t v = v_addr + slot * Cfg::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        wgmma_rs<T, kHeadDim>(acc, pa[kk], smem_desc(v + kk * 2048, kBlockN * 128, 1024), 1);
+      }
+    };
+    auto pack_p = [&](uint32_t(&pa)[kKSteps][4], const float(&acc)[kBlockN / 2]) {
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pa[kk][i] = common::pack2<T>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+        }
+    };
+
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const common::TileCoord c = sched.at(tile);
+      const common::SeqlenInfo seq(p, c.batch);
+      const common::WindowMask mask = common::mask_of(p, seq);
+      const int m0 = c.m_block * kBlockM;
+      int n_begin, n_end;
+      mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+      const int row_in_tile = 64 * cwg + 16 * warp + g;  // this thread's first row
+      const int row0 = m0 + row_in_tile;
+
+      float acc_o[kHeadDim / 2];
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.0f;
+      common::OnlineSoftmax<1> softmax;
+      softmax.reset();
+
+      mbar_wait(q_full, q_phase);
+      q_phase ^= 1;
+      if (n_end > n_begin) {
+        if (cwg == 1) named_barrier_arrive(turn_other, kTurnThreads);  // warpgroup 0 first
+        float acc_s[kBlockN / 2];
+        uint32_t pa[kKSteps][4];
+        float corr[2];
+
+        // The last key block: S alone.
+        int n = n_end - 1;
+        mbar_wait(k_full + kv.index, kv.phase);
+        named_barrier_sync(turn_self, kTurnThreads);
+        wgmma_fence();
+        gemm_qk(acc_s, kv.index);
+        wgmma_commit();
+        named_barrier_arrive(turn_other, kTurnThreads);
+        wgmma_wait<0>();
+        fence_registers(acc_s);
+        if (leader) mbar_arrive(k_empty + kv.index);
+        if (mask.needs_mask(m0, kBlockM, n * kBlockN, kBlockN)) {
+          mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
+        }
+        softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
+        pack_p(pa, acc_s);
+        RingSlot<kStages> v_slot = kv;
+        kv.advance();
+
+        // Each further block: issue its S, then P V of the block before; softmax under both.
+        for (n = n_end - 2; n >= n_begin; --n) {
+          mbar_wait(k_full + kv.index, kv.phase);
+          fence_registers(pa);  // P is packed before the fence that orders it for the wgmma
+          named_barrier_sync(turn_self, kTurnThreads);
+          wgmma_fence();
+          gemm_qk(acc_s, kv.index);
+          wgmma_commit();
+          mbar_wait(v_full + v_slot.index, v_slot.phase);
+          gemm_pv(acc_o, pa, v_slot.index);
+          wgmma_commit();
+          named_barrier_arrive(turn_other, kTurnThreads);
+          wgmma_wait<1>();  // S is done, P V may still run
+          fence_registers(acc_s);
+          if (leader) mbar_arrive(k_empty + kv.index);
+          if (mask.needs_mask(m0, kBlockM, n * kBlockN, kBlockN)) {
+            mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
+          }
+          softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
+          wgmma_wait<0>();
+          fence_registers(acc_o);
+          fence_registers(pa);
+          if (leader) mbar_arrive(v_empty + v_slot.index);
+          common::scale_rows<1, kDTiles>(acc_o, corr);
+          pack_p(pa, acc_s);
+          v_slot = kv;
+          kv.advance();
+        }
+
+        // P V of the first key block.
+        mbar_wait(v_full + v_slot.index, v_slot.phase);
+        fence_registers(pa);
+        named_barrier_sync(turn_self, kTurnThreads);
+        wgmma_fence();
+        gemm_pv(acc_o, pa, v_slot.index);
+        wgmma_commit();
+        // Warpgroup 1's last turn of the tile has no taker: warpgroup 0 waits for the next
+        // tile's opening arrival instead.
+        if (cwg == 0) named_barrier_arrive(turn_other, kTurnThreads);
+        wgmma_wait<0>();
+        fence_registers(acc_o);
+        if (leader) mbar_arrive(v_empty + v_slot.index);
+      }
+      // With its own O tile, Q is free once the GEMMs are done: the next tile's Q loads under
+      // this epilogue.
+      if (!Cfg::kOAliasQ && leader) mbar_arrive(q_empty);
+
+      // ---- epilogue ----
+      float inv[2], lse[2];
+      softmax.finalize(inv, lse);
+      if (!Cfg::kOAliasQ) {
+        if (leader) common::bulk_wait_read();  // the last tile's store has read sO
+        named_barrier_sync(wg_barrier, 128);
+      }
+      common::write_o_fragment<T, TileQ, 1, kDTiles>(sO, acc_o, inv, row_in_tile, t);
+      common::fence_proxy_async();
+      named_barrier_sync(wg_barrier, 128);
+      if (leader) {
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          tma_store_4d(&args.o, sO + cb * kBlockM * 64 + cwg * 64 * 64, cb * kTmaBoxCols,
+                       m0 + 64 * cwg, c.head, c.batch);
+        }
+        bulk_commit();
+        if (Cfg::kOAliasQ) {
+          common::bulk_wait_read();  // O staged in the Q tile: free it for the next Q
+          mbar_arrive(q_empty);
+        }
+      }
+      if (p.lse != nullptr) {
+        float* lse_rows = p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride +
+                          int64_t(m0) * p.lse_row_stride;
+        common::write_lse<1>(lse_rows, p.lse_row_stride, lse, row_in_tile, seq.seqlen_q - m0, t);
+      }
+    }
+    if (leader) common::bulk_wait_all();  // shared memory must outlive the last store
+  }
 #endif
 }
 
+// Encodes the tensor maps and launches a persistent grid. cudaErrorNotSupported when the
+// driver cannot describe a view (the dispatcher then takes the sm80 kernel).
 template <class T, int kHeadDim>
-cudaError_t launch_fwd(const cuda::FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
+                       cudaStream_t stream) {
   using Cfg = FwdConfig<kHeadDim>;
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  FwdTmaArgs args{};
+  args.p = p;
+  const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+                        p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  const TensorMapView k{p.k, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
+                        p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+  const TensorMapView v{p.v, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
+                        p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  const TensorMapView o{p.o, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+                        p.o_row_stride, p.o_head_stride, p.o_batch_stride};
+  if (!encode_tensor_map(&args.q, q, Cfg::kBlockM) ||
+      !encode_tensor_map(&args.k, k, Cfg::kBlockN) ||
+      !encode_tensor_map(&args.v, v, Cfg::kBlockN) ||
+      !encode_tensor_map(&args.o, o, Cfg::kBlockM / Cfg::kConsumers)) {
+    return cudaErrorNotSupported;
+  }
+  args.sched.num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  args.sched.heads = p.heads_q;
+  args.sched.batch = p.batch;
+  args.sched.order = p.causal ? common::TileOrder::kLongestFirst : common::TileOrder::kHeadMajor;
+  const int64_t tiles = args.sched.num_tiles();
+  if (tiles > INT32_MAX) return cudaErrorNotSupported;
+  if (tiles == 0) return cudaSuccess;
+  const int grid = static_cast<int>(tiles < info.sm_count ? tiles : info.sm_count);
+
   auto kernel = fwd_kernel<T, kHeadDim>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads_q, p.batch);
-  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,141 @@
+// The backward's first and last launches, shared by the sm80 and sm90 main kernels (they use
+// the same workspace layout, cuda::BwdParams): D = rowsum(dO * O), LSE * log2(e), a zeroed dQ
+// accumulator and semaphores; and dQ = scale * accumulator in the input dtype.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash/params.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/arch.cuh"
+#include "cuda/common/dq_layout.cuh"
+#include "cuda/common/scheduler.cuh"
+
+namespace flashattn {
+namespace common {
+
+// Both run one CTA per block of kPrepostRows query rows of one head, in a 1-D grid.
+constexpr int kPrepostRows = 64;
+__host__ __device__ inline TileScheduler prepost_blocks(const cuda::BwdParams& p, int rows) {
+  return TileScheduler{(rows + kPrepostRows - 1) / kPrepostRows, p.heads_q, p.batch,
+                       TileOrder::kHeadMajor};
+}
+
+// ---- 1. preprocess ---------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdParams p) {
+  constexpr int kRows = kPrepostRows;
+  const TileCoord blk = prepost_blocks(p, p.seqlen_q_rounded).at(blockIdx.x);
+  const int m0 = blk.m_block * kRows;
+  const int head = blk.head;
+  const int batch = blk.batch;
+  const int tid = threadIdx.x;
+  const int64_t row_base = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+
+  // D and LSE * log2(e): four threads per row. Rows past the end and rows no key may attend
+  // to get LSE +inf, which makes their P exactly 0 in the main kernel.
+  {
+    const int r = tid / 4;
+    const int part = tid % 4;
+    const int row = m0 + r;
+    float acc = 0.0f;
+    if (row < p.seqlen_q) {
+      const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride +
+                   head * p.o_head_stride + int64_t(row) * p.o_row_stride;
+      const T* d_o = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
+                     head * p.do_head_stride + int64_t(row) * p.do_row_stride;
+      for (int c = part * 8; c < p.head_dim; c += 32) {
+        if (c + 8 <= p.head_dim) {
+          const uint4 a = *reinterpret_cast<const uint4*>(o + c);
+          const uint4 b = *reinterpret_cast<const uint4*>(d_o + c);
+          const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
+          const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 fa = unpack2<T>(aw[j]);
+            const float2 fb = unpack2<T>(bw[j]);
+            acc += fa.x * fb.x + fa.y * fb.y;
+          }
+        } else {
+          for (int j = c; j < p.head_dim; ++j) acc += float(o[j]) * float(d_o[j]);
+        }
+      }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    if (part == 0) {
+      p.dsum[row_base + r] = acc;
+      float l2 = INFINITY;
+      if (row < p.seqlen_q) {
+        const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride +
+                                int64_t(row) * p.lse_row_stride];
+        if (lse != -INFINITY) l2 = lse * 1.4426950408889634f;
+      }
+      p.lse_log2[row_base + r] = l2;
+    }
+  }
+  // Zero this block's rows of the dQ accumulator.
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + row_base * p.head_dim_padded);
+  const int n4 = kRows * p.head_dim_padded / 4;
+  for (int i = tid; i < n4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.deterministic && tid == 0) {
+    p.dq_semaphore[(int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kRows) +
+                   blk.m_block] = 0;
+  }
+}
+
+// ---- 3. postprocess --------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdParams p) {
+  constexpr int kRows = kPrepostRows;
+  const TileCoord blk = prepost_blocks(p, p.seqlen_q).at(blockIdx.x);
+  const int m0 = blk.m_block * kRows;
+  const int head = blk.head;
+  const int batch = blk.batch;
+  const float* head_acc =
+      p.dq_accum + (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded * p.head_dim_padded;
+  const float* acc = head_acc + int64_t(m0) * p.head_dim_padded;
+  T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+          int64_t(m0) * p.dq_row_stride;
+  const int rows = min(kRows, p.seqlen_q - m0);
+  const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
+  const bool blocked = bulk_dq(p.head_dim_padded);
+  for (int i = threadIdx.x; i < rows * chunks; i += 256) {
+    const int r = i / chunks;
+    const int c = (i % chunks) * 2;
+    // The sm90 kernel's 64 x 64 tiles (dq_tile_offset), the sm80 kernel's 32 x 32
+    // blocks, or row-major.
+    const float* src = p.dq_tiled ? acc + (c / 64) * 4096 + dq_tile_offset(r, c % 64)
+                       : blocked  ? acc + dq_block_offset(r, c, p.head_dim_padded)
+                                  : acc + int64_t(r) * p.head_dim_padded + c;
+    T* dst = dq + int64_t(r) * p.dq_row_stride + c;
+    if (c + 1 < p.head_dim) {  // c is even: the pair is adjacent in both layouts
+      *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
+    } else {
+      dst[0] = T(src[0] * p.scale);
+    }
+  }
+}
+
+// The backward's three launches around a main kernel: preprocess, main(p), postprocess (which
+// reads the dQ accumulator in the layout p.dq_tiled names).
+template <class T, class Main>
+cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&& main) {
+  const int64_t pre = prepost_blocks(p, p.seqlen_q_rounded).num_tiles();
+  const int64_t post = prepost_blocks(p, p.seqlen_q).num_tiles();
+  if (pre > INT32_MAX) return cudaErrorNotSupported;
+  bwd_preprocess_kernel<T><<<static_cast<unsigned>(pre), 256, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  err = main(p);
+  if (err != cudaSuccess) return err;
+  bwd_postprocess_kernel<T><<<static_cast<unsigned>(post), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace common
+}  // namespace flashattn

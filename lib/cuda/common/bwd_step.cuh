@@ -1,0 +1,143 @@
+// What every backward main kernel (sm80, and the sm90 ones) shares: the key block a CTA owns
+// and the steps it takes over query blocks, the loads of K, V and of one step's tiles, and the
+// deterministic turn-taking of the dQ additions.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/mask.cuh"
+#include "cuda/common/scheduler.cuh"
+#include "cuda/common/seqlen.cuh"
+#include "cuda/flash/params.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile.cuh"
+
+namespace flashattn {
+namespace common {
+
+// The backward's main kernels run one CTA per (key block, kv head, batch), in a 1-D grid.
+template <int kBlockN>
+__host__ __device__ inline TileScheduler key_blocks(const cuda::BwdParams& p) {
+  return TileScheduler{(p.seqlen_k + kBlockN - 1) / kBlockN, p.heads_kv, p.batch,
+                       TileOrder::kHeadMajor};
+}
+
+// Launches a main kernel over key_blocks (any kernel taking only the parameters).
+template <class Kernel>
+cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, int block_n, int threads,
+                              int smem_bytes, cudaStream_t stream) {
+  const int64_t blocks =
+      TileScheduler{(p.seqlen_k + block_n - 1) / block_n, p.heads_kv, p.batch}.num_tiles();
+  if (blocks > INT32_MAX) return cudaErrorNotSupported;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// One CTA's key block and its steps: the query blocks that see a key of it (the mask's
+// m_block_range), for each query head of its group in turn.
+template <int kBlockM, int kBlockN>
+struct BwdBlock {
+  int n_block, head_kv, batch;
+  int n0;      // first key
+  int rows_k;  // keys in the block
+  WindowMask mask;
+  int m_begin, m_end;
+  int steps;
+
+  __device__ explicit BwdBlock(const cuda::BwdParams& p)
+      : BwdBlock(p, key_blocks<kBlockN>(p).at(blockIdx.x)) {}
+  __device__ BwdBlock(const cuda::BwdParams& p, TileCoord c)
+      : n_block(c.m_block),
+        head_kv(c.head),
+        batch(c.batch),
+        n0(c.m_block * kBlockN),
+        rows_k(min(kBlockN, p.seqlen_k - c.m_block * kBlockN)),
+        mask(mask_of(p, SeqlenInfo(p, c.batch))) {
+    mask.m_block_range(n0, rows_k, kBlockM, m_begin, m_end);
+    steps = (m_end - m_begin) * p.group;
+  }
+  __device__ int first_head(const cuda::BwdParams& p) const { return head_kv * p.group; }
+  // The step after (head, m_block).
+  __device__ void next(int& head, int& m_block) const {
+    if (++m_block == m_end) {
+      m_block = m_begin;
+      ++head;
+    }
+  }
+};
+
+// K and V rows of the block into their tiles (part of the caller's cp.async group).
+template <class TileKV, int kThreads, class T, class Block>
+__device__ __forceinline__ void load_kv(const cuda::BwdParams& p, const Block& b, T* sK, T* sV,
+                                        int tid) {
+  const T* kg = static_cast<const T*>(p.k) + b.batch * p.k_batch_stride +
+                b.head_kv * p.k_head_stride + int64_t(b.n0) * p.k_row_stride;
+  const T* vg = static_cast<const T*>(p.v) + b.batch * p.v_batch_stride +
+                b.head_kv * p.v_head_stride + int64_t(b.n0) * p.v_row_stride;
+  load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, b.rows_k, p.head_dim, tid);
+  load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, b.rows_k, p.head_dim, tid);
+}
+
+// dK and dV of the block, staged (converted) in the K and V tiles, to global memory.
+template <class TileKV, int kThreads, class T, class Block>
+__device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block& b, const T* sdK,
+                                           const T* sdV, int tid) {
+  T* dkg = static_cast<T*>(p.dk) + b.batch * p.dk_batch_stride + b.head_kv * p.dk_head_stride +
+           int64_t(b.n0) * p.dk_row_stride;
+  T* dvg = static_cast<T*>(p.dv) + b.batch * p.dv_batch_stride + b.head_kv * p.dv_head_stride +
+           int64_t(b.n0) * p.dv_row_stride;
+  store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sdK, b.rows_k, p.head_dim, tid);
+  store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sdV, b.rows_k, p.head_dim, tid);
+}
+
+// One step's tiles: rows of query block m_block of `head` from Q and dO, and their LSE*log2(e)
+// and D into stats[0, kBlockM) and stats[kBlockM, 2 kBlockM) (padded rows of the workspace hold
+// +inf and 0, so they need no predicate). Part of the caller's cp.async group.
+template <class TileQ, int kThreads, class T>
+__device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batch, int head,
+                                              int m_block, T* sQ, T* sdO, float* stats,
+                                              int tid) {
+  constexpr int kBlockM = TileQ::kRows;
+  const int m0 = m_block * kBlockM;
+  const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                int64_t(m0) * p.q_row_stride;
+  const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
+                 head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
+  load_tile<TileQ, kThreads>(sQ, qg, p.q_row_stride, p.seqlen_q - m0, p.head_dim, tid);
+  load_tile<TileQ, kThreads>(sdO, dog, p.do_row_stride, p.seqlen_q - m0, p.head_dim, tid);
+  constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
+  if (tid < 2 * kChunks) {
+    const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+    const float* src = (tid < kChunks ? p.lse_log2 : p.dsum) + row + (tid % kChunks) * 4;
+    cp_async_16(smem_u32(stats + tid * 4), src, 16);
+  }
+}
+
+// Deterministic dQ: the key blocks add into a query block's accumulator in key-block order,
+// behind a per-query-block semaphore (zeroed by the preprocess). CTA-wide: waits until it is
+// key block n_block's turn.
+__device__ __forceinline__ void wait_dq_turn(int* sem, int n_block) {
+  if (threadIdx.x == 0) {
+    while (atomicAdd(sem, 0) != n_block) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+// CTA-wide: hands the turn on, once every thread's adds are complete and visible (each thread
+// fences or waits for its own before calling).
+__device__ __forceinline__ void pass_dq_turn(int* sem, int n_block) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicExch(sem, n_block + 1);
+  }
+}
+
+}  // namespace common
+}  // namespace flashattn
