@@ -223,7 +223,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help="compare with the checked-in files instead of writing them")
+    ap.add_argument("--sm90-fwd-tiles", metavar="D=NxS,...",
+                    help="write with these Hopper forward tiles instead of the table's (a tuning "
+                         "build; e.g. 128=176x2: head dim 128, 176 keys, 2 stages)")
     args = ap.parse_args()
+    if args.sm90_fwd_tiles:
+        if args.check:
+            ap.error("--check compares the table's own output")
+        for item in args.sm90_fwd_tiles.split(","):
+            d, tile = item.split("=")
+            n, stages = tile.split("x")
+            if int(d) not in SM90_FWD_TILES:
+                ap.error(f"head dim {d} is not in the table")
+            SM90_FWD_TILES[int(d)] = (int(n), int(stages))
     files = outputs()
     if args.check:
         stale = [name for name, text in files.items()

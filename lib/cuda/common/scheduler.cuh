@@ -1,7 +1,7 @@
 // Which output tile (query block, head, batch) a CTA computes next. Tiles are numbered
-// 0 .. num_tiles() - 1 and a CTA takes tile blockIdx.x, then every gridDim.x-th after it, so one
-// kernel serves a plain grid (one tile per CTA) and a persistent one (grid = SMs) alike, and
-// the grid has no 65535 limit: only x is used.
+// 0 .. num_tiles() - 1 and handed out in rounds of gridDim.x, one per CTA, so one kernel serves a
+// plain grid (one tile per CTA, tile blockIdx.x) and a persistent one (grid = SMs) alike, and the
+// grid has no 65535 limit: only x is used.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,14 @@ struct TileScheduler {
 
   __host__ __device__ int64_t num_tiles() const {
     return int64_t(num_m_blocks) * heads * batch;
+  }
+
+  // The tile of CTA `cta` in round `round` of a grid of `grid` CTAs. Every other round is
+  // walked backwards (a snake): with tiles numbered longest first, the CTA that took the longest
+  // tile of one round takes the shortest of the next, so each CTA's total comes out even.
+  // Rounds only grow, so a CTA is done at its first tile >= num_tiles().
+  __device__ __forceinline__ int nth_tile(int cta, int round, int grid) const {
+    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
 
   __device__ __forceinline__ TileCoord at(int tile) const {

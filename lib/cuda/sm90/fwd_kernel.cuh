@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
                     cb * kTmaBoxCols, n * kBlockN, head_kv, batch);
       }
     };
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    for (int round = 0;; ++round) {
+      const int tile = sched.nth_tile(blockIdx.x, round, gridDim.x);
+      if (tile >= num_tiles) break;
       const common::TileCoord c = sched.at(tile);
       const common::SeqlenInfo seq(p, c.batch);
       const common::WindowMask mask = common::mask_of(p, seq);
@@ -194,7 +196,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         }
     };
 
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    for (int round = 0;; ++round) {
+      const int tile = sched.nth_tile(blockIdx.x, round, gridDim.x);
+      if (tile >= num_tiles) break;
       const common::TileCoord c = sched.at(tile);
       const common::SeqlenInfo seq(p, c.batch);
       const common::WindowMask mask = common::mask_of(p, seq);
