@@ -22,11 +22,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 HEAD_DIMS = [64, 96, 128, 192, 256]  # the fast paths; other head dims run on the next larger
 DTYPES = {"fp16": ("__half", "f16", "F16"), "bf16": ("__nv_bfloat16", "bf16", "BF16")}
 
-# The forward tiles per head dim. sm80: (query rows, keys, warps) per CTA. sm90: keys per block
-# and K/V ring depth (128 query rows: two consumer warpgroups); measured in docs/perf/kernel-log.md.
+# The forward tiles per head dim. sm80: (query rows, keys, warps) per CTA. sm90: keys per block,
+# K/V ring depth and consumer warpgroups (64 query rows each); measured in
+# docs/perf/kernel-log.md.
 SM80_FWD_TILES = {64: (128, 64, 4), 96: (128, 64, 4), 128: (128, 64, 4), 192: (128, 64, 8),
                   256: (128, 64, 8)}
-SM90_FWD_TILES = {64: (128, 2), 96: (128, 2), 128: (128, 2), 192: (112, 2), 256: (80, 2)}
+SM90_FWD_TILES = {64: (128, 2, 2), 96: (128, 2, 2), 128: (128, 2, 2), 192: (112, 2, 2),
+                  256: (80, 2, 2)}
 
 
 class Family:
@@ -122,11 +124,12 @@ def fwd_tiles():
     for d, (m, n, w) in SM80_FWD_TILES.items():
         sm80.append(f"template <> struct FwdTiles<{d}> {{ static constexpr int kBlockM = {m}, "
                     f"kBlockN = {n}, kNWarps = {w}; }};")
-    sm90 = [f"// {GENERATED}", "// The Hopper forward's key block and K/V ring depth per padded head dim.",
-            "template <int kHeadDim>", "struct FwdTiles;"]
-    for d, (n, s) in SM90_FWD_TILES.items():
+    sm90 = [f"// {GENERATED}",
+            "// The Hopper forward's key block, K/V ring depth and consumer warpgroups per padded",
+            "// head dim.", "template <int kHeadDim>", "struct FwdTiles;"]
+    for d, (n, s, c) in SM90_FWD_TILES.items():
         sm90.append(f"template <> struct FwdTiles<{d}> {{ static constexpr int kBlockN = {n}, "
-                    f"kStages = {s}; }};")
+                    f"kStages = {s}, kConsumers = {c}; }};")
     return {"sm80/fwd_tiles.inc": "\n".join(sm80) + "\n", "sm90/fwd_tiles.inc": "\n".join(sm90) + "\n"}
 
 
@@ -164,7 +167,7 @@ __device__ __forceinline__ void wgmma_{kind}<{ctype}, {n}>({sig}) {{
 
 
 def wgmma():
-    ss_n = sorted(set(BWD_SS_N) | {n for n, _ in SM90_FWD_TILES.values()})
+    ss_n = sorted(set(BWD_SS_N) | {n for n, _, _ in SM90_FWD_TILES.values()})
     rs_n = HEAD_DIMS  # O += P V: N = the head dim
     parts = [f"""// {GENERATED}
 // wgmma.mma_async m64nNk16 wrappers (fp32 accumulators). wgmma_ss: A and B from shared memory
@@ -223,19 +226,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help="compare with the checked-in files instead of writing them")
-    ap.add_argument("--sm90-fwd-tiles", metavar="D=NxS,...",
+    ap.add_argument("--sm90-fwd-tiles", metavar="D=NxSxC,...",
                     help="write with these Hopper forward tiles instead of the table's (a tuning "
-                         "build; e.g. 128=176x2: head dim 128, 176 keys, 2 stages)")
+                         "build; e.g. 128=176x2x2: head dim 128, 176 keys, 2 stages, 2 consumer "
+                         "warpgroups)")
     args = ap.parse_args()
     if args.sm90_fwd_tiles:
         if args.check:
             ap.error("--check compares the table's own output")
         for item in args.sm90_fwd_tiles.split(","):
             d, tile = item.split("=")
-            n, stages = tile.split("x")
+            n, stages, consumers = tile.split("x")
             if int(d) not in SM90_FWD_TILES:
                 ap.error(f"head dim {d} is not in the table")
-            SM90_FWD_TILES[int(d)] = (int(n), int(stages))
+            SM90_FWD_TILES[int(d)] = (int(n), int(stages), int(consumers))
     files = outputs()
     if args.check:
         stale = [name for name, text in files.items()

@@ -67,15 +67,24 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
                 int64_t(m0) * p.q_row_stride;
   const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
   const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
-  T* og = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-          int64_t(m0) * p.o_row_stride;
-  float* lse_g = p.lse == nullptr ? nullptr
-                                  : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride +
-                                        int64_t(m0) * p.lse_row_stride;
+
+  // The output rows, from the tile's coordinates (computed where they are needed: held across
+  // the main loop they would cost registers the loop needs).
+  auto out_rows = [&p, m0](const common::TileCoord& c) {
+    return static_cast<T*>(p.o) + c.batch * p.o_batch_stride + c.head * p.o_head_stride +
+           int64_t(m0) * p.o_row_stride;
+  };
+  auto lse_rows = [&p, m0](const common::TileCoord& c) {
+    return p.lse == nullptr ? nullptr
+                            : p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride +
+                                  int64_t(m0) * p.lse_row_stride;
+  };
 
   int n_begin, n_end;
   mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
   if (n_end <= n_begin) {
+    T* og = out_rows(tile);
+    float* lse_g = lse_rows(tile);
     common::write_empty_block<T, kBlockM, kHeadDim, Cfg::kNThreads>(
         og, p.o_row_stride, lse_g, p.lse_row_stride, rows, p.head_dim, tid);
     return;
@@ -179,13 +188,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   }
 
   // Epilogue: one division per row, O through shared memory (the Q tile) for 16-byte stores.
+  const common::TileCoord here = tiles_of<Cfg>(p).at(blockIdx.x);
+  T* og = out_rows(here);
+  float* lse_g = lse_rows(here);
+  const int rows_out = min(kBlockM, common::SeqlenInfo(p, here.batch).seqlen_q - m0);
   float inv[2 * kMTiles], lse[2 * kMTiles];
   softmax.finalize(inv, lse);
   __syncthreads();  // every warp is done reading sQ
   common::write_o_fragment<T, TileQ, kMTiles, kDTiles>(sQ, acc_o, inv, warp_row0 + g, t);
-  common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows, t);
+  common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows_out, t);
   __syncthreads();
-  common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows, p.head_dim, tid);
+  common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows_out, p.head_dim, tid);
 }
 
 // Launches the kernel for one (dtype, padded head dim). Returns the launch's error.

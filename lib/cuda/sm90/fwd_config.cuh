@@ -1,6 +1,6 @@
-// The Hopper forward's CTA: a producer warpgroup and two consumer warpgroups of 64 query rows,
-// Q once per tile, K and V through rings of kStages slots, O staged in shared memory for its
-// bulk store. Tile shapes come from the kernel table (lib/cuda/generate.py); what they imply
+// The Hopper forward's CTA: a producer warpgroup and two or three consumer warpgroups of 64
+// query rows, Q once per tile (in one or two slots), K and V through rings of kStages slots, O
+// staged in shared memory for its bulk store. Tile shapes come from the kernel table (lib/cuda/generate.py); what they imply
 // for shared memory is computed here, once.
 #pragma once
 
@@ -13,38 +13,48 @@ namespace sm90 {
 template <int kHeadDim_>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kConsumers = FwdTiles<kHeadDim>::kConsumers;  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = FwdTiles<kHeadDim>::kBlockN;
   static constexpr int kStages = FwdTiles<kHeadDim>::kStages;
   static constexpr int kNThreads = 128 * (1 + kConsumers);
-  // setmaxnreg budgets: (kEntryRegs - kProducerRegs) * 128 = (kConsumerRegs - kEntryRegs) * 256.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+
+  // setmaxnreg budgets: the entry budget (the register file over the threads, in steps of 8)
+  // shifted from the producer, which needs few, to the consumers.
+  static constexpr int kEntryRegs = (65536 / kNThreads > 255 ? 255 : 65536 / kNThreads) / 8 * 8;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs =
+      ((kEntryRegs * kNThreads - kProducerRegs * 128) / (128 * kConsumers)) / 8 * 8;
 
   using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;  // also the O staging tile
   using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
   static constexpr int kColBlocks = TileQ::kColBlocks;  // 64-column boxes per row
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kKVBytes = TileKV::kElems * 2;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kAlignSlack = 1024;  // the dynamic base rounded up to a swizzle atom
   static constexpr int kLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
-  // O gets its own tile where it fits; else it is staged in the spent Q tile (then the next
-  // tile's Q waits for the store).
-  static constexpr bool kOAliasQ =
-      2 * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + kAlignSlack > kLimit;
+  static constexpr int kMaxBarrierBytes = 8 * (2 * 2 + 4 * kStages);
+  static constexpr int kFixedBytes = 2 * kStages * kKVBytes + kAlignSlack + kMaxBarrierBytes;
+  // Two Q slots (the next tile's Q loads under this one) and an O tile of its own where they
+  // fit; else one Q slot; else O is staged in the spent Q slot (the next Q then waits for the
+  // store).
+  static constexpr int kQStages = 3 * kQBytes + kFixedBytes <= kLimit ? 2 : 1;
+  static constexpr bool kOAliasQ = (kQStages + 1) * kQBytes + kFixedBytes > kLimit;
 
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffK = kOffQ + kQStages * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffO = kOAliasQ ? kOffQ : kOffV + kStages * kKVBytes;
   static constexpr int kOffBarriers = kOAliasQ ? kOffV + kStages * kKVBytes : kOffO + kQBytes;
+  static constexpr int kBarrierBytes = 8 * (2 * kQStages + 4 * kStages);
   static constexpr int kSmemBytes = kOffBarriers + kBarrierBytes + kAlignSlack;
 
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kSmemBytes <= kLimit, "the tiles fit an sm_90 block's shared memory");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "1024-byte aligned tiles");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "a wgmma N and a TMA box");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockM <= 256, "wgmma N, TMA boxes");
+  static_assert(kConsumerRegs >= 24 && kConsumerRegs <= 256, "a setmaxnreg budget");
+  static_assert(!kOAliasQ || kQStages == 1, "O staged in the one Q slot");
 };
 
 }  // namespace sm90

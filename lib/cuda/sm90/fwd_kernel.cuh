@@ -2,10 +2,10 @@
 //  - warpgroup 0, the producer, gives most of its registers away and one thread issues every
 //    load by TMA: Q once per tile, K and V block by block into rings of kStages slots, each slot
 //    with a full barrier (transaction bytes) and an empty one (an arrival per consumer);
-//  - warpgroups 1 and 2, the consumers, own 64 query rows each and run S = Q K^T (both from
+//  - the consumer warpgroups (two or three) own 64 query rows each and run S = Q K^T (both from
 //    shared memory) and O += P V (P from registers) on wgmma. Within a warpgroup the next
 //    block's S is issued before this block's P V, so the softmax of one block runs while the
-//    tensor cores work on the other; across warpgroups two named barriers take turns so one's
+//    tensor cores work on the other; across warpgroups named barriers take turns so one's
 //    softmax runs under the other's GEMMs (pingpong);
 //  - O is normalized, staged swizzled in shared memory and written by TMA; LSE from registers;
 //  - the grid is persistent: each CTA walks the tiles of common::TileScheduler.
@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages;
+  constexpr int kQStages = Cfg::kQStages;
+  constexpr int kConsumers = Cfg::kConsumers;
   constexpr int kColBlocks = Cfg::kColBlocks;
   constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per warp
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp
@@ -65,8 +67,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
   T* sV = reinterpret_cast<T*>(base + Cfg::kOffV);
   T* sO = reinterpret_cast<T*>(base + Cfg::kOffO);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(base + Cfg::kOffBarriers);
-  uint64_t* q_empty = q_full + 1;
-  uint64_t* k_full = q_full + 2;
+  uint64_t* q_empty = q_full + kQStages;
+  uint64_t* k_full = q_empty + kQStages;
   uint64_t* k_empty = k_full + kStages;
   uint64_t* v_full = k_empty + kStages;
   uint64_t* v_empty = v_full + kStages;
@@ -77,14 +79,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, Cfg::kConsumers);
+#pragma unroll
+    for (int s = 0; s < kQStages; ++s) {
+      mbar_init(q_full + s, 1);
+      mbar_init(q_empty + s, kConsumers);
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full + s, 1);
-      mbar_init(k_empty + s, Cfg::kConsumers);
+      mbar_init(k_empty + s, kConsumers);
       mbar_init(v_full + s, 1);
-      mbar_init(v_empty + s, Cfg::kConsumers);
+      mbar_init(v_empty + s, kConsumers);
     }
     mbar_fence_init();
   }
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     prefetch_tensor_map(&args.v);
     prefetch_tensor_map(&args.o);
     RingSlot<kStages> kv;
-    uint32_t q_phase = 0;
+    RingSlot<kQStages> q;
     // One block's K or V rows into a ring slot: one box per 64-column block.
     auto load_kv = [&](const CUtensorMap* map, T* ring, uint64_t* full, int slot, int n,
                        int head_kv, int batch) {
@@ -121,18 +126,18 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
       const int head_kv = c.head / p.group;
 
-      mbar_wait(q_empty, q_phase ^ 1);
+      mbar_wait(q_empty + q.index, q.phase ^ 1);
       if (n_end > n_begin) {
-        mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+        mbar_arrive_expect_tx(q_full + q.index, Cfg::kQBytes);
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb) {
-          tma_load_4d(sQ + cb * kBlockM * 64, &args.q, q_full, cb * kTmaBoxCols, m0, c.head,
-                      c.batch);
+          tma_load_4d(sQ + q.index * TileQ::kElems + cb * kBlockM * 64, &args.q, q_full + q.index,
+                      cb * kTmaBoxCols, m0, c.head, c.batch);
         }
       } else {
-        mbar_arrive(q_full);  // nothing to load: the consumers write the empty block
+        mbar_arrive(q_full + q.index);  // nothing to load: the consumers write the empty block
       }
-      q_phase ^= 1;
+      q.advance();
 
       // K of block i, then V of block i - 1: the order the consumers use them in.
       RingSlot<kStages> prev;
@@ -161,22 +166,25 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     const int g = lane / 4;
     const int t = lane % 4;
     const bool leader = tid == 0;  // arrives on the empty barriers, issues the O store
-    // Pingpong: a warpgroup waits for its turn on its own barrier and hands the turn to the
-    // other after issuing its GEMMs; warpgroup 0 goes first.
+    // Pingpong: the warpgroups issue their GEMMs in turn, round robin from warpgroup 0, each
+    // waiting on its own barrier and handing the turn on after issuing, so one's softmax runs
+    // under the others' GEMMs. The last warpgroup opens each tile's first round.
     const int turn_self = kFirstNamedBarrier + cwg;
-    const int turn_other = kFirstNamedBarrier + (1 - cwg);
-    const int wg_barrier = kFirstNamedBarrier + 2 + cwg;  // this warpgroup's 128 threads
-    constexpr int kTurnThreads = 256;
+    const int turn_next = kFirstNamedBarrier + (cwg + 1) % kConsumers;
+    const bool last_in_turn = cwg == kConsumers - 1;
+    const int wg_barrier = kFirstNamedBarrier + kConsumers + cwg;  // this warpgroup's threads
+    constexpr int kTurnThreads = 256;  // the waiting warpgroup and the one handing on
 
-    const uint32_t q_addr = common::smem_u32(sQ) + cwg * kSlab;  // this warpgroup's 64 rows
     const uint32_t k_addr = common::smem_u32(sK);
     const uint32_t v_addr = common::smem_u32(sV);
     const bool neg_scale = p.scale_log2 < 0.0f;
     const float hidden = common::hidden_score(neg_scale);
     RingSlot<kStages> kv;
-    uint32_t q_phase = 0;
+    RingSlot<kQStages> q;
 
-    auto gemm_qk = [&](float(&acc)[kBlockN / 2], int slot) {
+    auto gemm_qk = [&](float(&acc)[kBlockN / 2], int q_slot, int slot) {
+      // This warpgroup's 64 rows of the Q slot.
+      const uint32_t q_addr = common::smem_u32(sQ) + q_slot * Cfg::kQBytes + cwg * kSlab;
       wgmma_ss_k<T, kBlockN, kHeadDim>(acc, q_addr, kBlockM * 128,
                                        k_addr + slot * Cfg::kKVBytes, kBlockN * 128);
     };
@@ -214,10 +222,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       common::OnlineSoftmax<1> softmax;
       softmax.reset();
 
-      mbar_wait(q_full, q_phase);
-      q_phase ^= 1;
+      mbar_wait(q_full + q.index, q.phase);
       if (n_end > n_begin) {
-        if (cwg == 1) named_barrier_arrive(turn_other, kTurnThreads);  // warpgroup 0 first
+        if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);  // warpgroup 0 first
         float acc_s[kBlockN / 2];
         uint32_t pa[kKSteps][4];
         float corr[2];
@@ -227,9 +234,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         mbar_wait(k_full + kv.index, kv.phase);
         named_barrier_sync(turn_self, kTurnThreads);
         wgmma_fence();
-        gemm_qk(acc_s, kv.index);
+        gemm_qk(acc_s, q.index, kv.index);
         wgmma_commit();
-        named_barrier_arrive(turn_other, kTurnThreads);
+        named_barrier_arrive(turn_next, kTurnThreads);
         wgmma_wait<0>();
         fence_registers(acc_s);
         if (leader) mbar_arrive(k_empty + kv.index);
@@ -247,12 +254,12 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
           fence_registers(pa);  // P is packed before the fence that orders it for the wgmma
           named_barrier_sync(turn_self, kTurnThreads);
           wgmma_fence();
-          gemm_qk(acc_s, kv.index);
+          gemm_qk(acc_s, q.index, kv.index);
           wgmma_commit();
           mbar_wait(v_full + v_slot.index, v_slot.phase);
           gemm_pv(acc_o, pa, v_slot.index);
           wgmma_commit();
-          named_barrier_arrive(turn_other, kTurnThreads);
+          named_barrier_arrive(turn_next, kTurnThreads);
           wgmma_wait<1>();  // S is done, P V may still run
           fence_registers(acc_s);
           if (leader) mbar_arrive(k_empty + kv.index);
@@ -277,16 +284,16 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_fence();
         gemm_pv(acc_o, pa, v_slot.index);
         wgmma_commit();
-        // Warpgroup 1's last turn of the tile has no taker: warpgroup 0 waits for the next
-        // tile's opening arrival instead.
-        if (cwg == 0) named_barrier_arrive(turn_other, kTurnThreads);
+        // The last warpgroup's last turn of the tile has no taker: warpgroup 0 waits for the
+        // next tile's opening arrival instead.
+        if (!last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);
         wgmma_wait<0>();
         fence_registers(acc_o);
         if (leader) mbar_arrive(v_empty + v_slot.index);
       }
       // With its own O tile, Q is free once the GEMMs are done: the next tile's Q loads under
       // this epilogue.
-      if (!Cfg::kOAliasQ && leader) mbar_arrive(q_empty);
+      if (!Cfg::kOAliasQ && leader) mbar_arrive(q_empty + q.index);
 
       // ---- epilogue ----
       float inv[2], lse[2];
@@ -295,19 +302,20 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         if (leader) common::bulk_wait_read();  // the last tile's store has read sO
         named_barrier_sync(wg_barrier, 128);
       }
-      common::write_o_fragment<T, TileQ, 1, kDTiles>(sO, acc_o, inv, row_in_tile, t);
+      T* stage = Cfg::kOAliasQ ? sQ + q.index * TileQ::kElems : sO;
+      common::write_o_fragment<T, TileQ, 1, kDTiles>(stage, acc_o, inv, row_in_tile, t);
       common::fence_proxy_async();
       named_barrier_sync(wg_barrier, 128);
       if (leader) {
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb) {
-          tma_store_4d(&args.o, sO + cb * kBlockM * 64 + cwg * 64 * 64, cb * kTmaBoxCols,
+          tma_store_4d(&args.o, stage + cb * kBlockM * 64 + cwg * 64 * 64, cb * kTmaBoxCols,
                        m0 + 64 * cwg, c.head, c.batch);
         }
         bulk_commit();
         if (Cfg::kOAliasQ) {
           common::bulk_wait_read();  // O staged in the Q tile: free it for the next Q
-          mbar_arrive(q_empty);
+          mbar_arrive(q_empty + q.index);
         }
       }
       if (p.lse != nullptr) {
@@ -315,6 +323,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
                           int64_t(m0) * p.lse_row_stride;
         common::write_lse<1>(lse_rows, p.lse_row_stride, lse, row_in_tile, seq.seqlen_q - m0, t);
       }
+      q.advance();
     }
     if (leader) common::bulk_wait_all();  // shared memory must outlive the last store
   }
