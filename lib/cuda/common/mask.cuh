@@ -52,6 +52,17 @@ struct WindowMask {
     end = hi <= lo ? begin : (hi + block_m - 1) / block_m;
   }
 
+  // The key blocks [begin, end) whose keys every query of [m0, m0 + rows) sees: the forward's
+  // loop masks only outside them (two loop-invariant comparisons per block).
+  __device__ __forceinline__ void unmasked_blocks(int m0, int rows, int block_n, int& begin,
+                                                  int& end) const {
+    int hi = seqlen_k;  // one past the last key every query sees
+    if (right >= 0) hi = min(hi, m0 + diag + right + 1);
+    end = max(hi, 0) / block_n;
+    const int lo = left >= 0 ? m0 + rows - 1 + diag - left : 0;  // the first such key
+    begin = lo <= 0 ? 0 : (lo + block_n - 1) / block_n;
+  }
+
   // Whether some key of [n0, n0 + block_n) is hidden from some query of [m0, m0 + rows).
   __device__ __forceinline__ bool needs_mask(int m0, int rows, int n0, int block_n) const {
     return n0 + block_n > seqlen_k || (right >= 0 && n0 + block_n - 1 > m0 + diag + right) ||

@@ -39,26 +39,24 @@ struct OnlineSoftmax {
   template <int kNTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles * kNTiles * 4], float scale_log2,
                                          bool neg_scale, float (&corr)[kRows]) {
+    // Each row's extremum of the raw scores: the maximum, or under a negative scale the minimum
+    // (one uniform branch for all rows).
+    float ext[kRows];
+    if (neg_scale) {
+      row_extremum<kNTiles>(s, ext, [](float a, float b) { return fminf(a, b); });
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) ext[r] = quad_min(ext[r]);
+    } else {
+      row_extremum<kNTiles>(s, ext, [](float a, float b) { return fmaxf(a, b); });
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) ext[r] = quad_max(ext[r]);
+    }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = 2 * mt + hh;
-        float ext = s[mt * kNTiles * 4 + 2 * hh];
-        if (neg_scale) {
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) ext = fminf(ext, s[(mt * kNTiles + nt) * 4 + 2 * hh + e]);
-          ext = quad_min(ext);
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) ext = fmaxf(ext, s[(mt * kNTiles + nt) * 4 + 2 * hh + e]);
-          ext = quad_max(ext);
-        }
-        const float m_new = fmaxf(row_max[r], ext * scale_log2);
+        const float m_new = fmaxf(row_max[r], ext[r] * scale_log2);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         corr[r] = exp2_approx(row_max[r] - m_use);
         row_max[r] = m_new;
@@ -74,6 +72,22 @@ struct OnlineSoftmax {
         row_sum[r] = row_sum[r] * corr[r] + sum;
       }
     }
+  }
+
+  template <int kNTiles, class Op>
+  __device__ __forceinline__ static void row_extremum(const float (&s)[kMTiles * kNTiles * 4],
+                                                      float (&ext)[kRows], Op op) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float x = s[mt * kNTiles * 4 + 2 * hh];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x = op(x, s[(mt * kNTiles + nt) * 4 + 2 * hh + e]);
+        ext[2 * mt + hh] = x;
+      }
   }
 
   // After the last key tile: per row the factor that normalizes the output (0 for a row that

@@ -213,6 +213,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       const int m0 = c.m_block * kBlockM;
       int n_begin, n_end;
       mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+      int full_begin, full_end;  // the blocks that need no mask
+      mask.unmasked_blocks(m0, kBlockM, kBlockN, full_begin, full_end);
       const int row_in_tile = 64 * cwg + 16 * warp + g;  // this thread's first row
       const int row0 = m0 + row_in_tile;
 
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_s);
         if (leader) mbar_arrive(k_empty + kv.index);
-        if (mask.needs_mask(m0, kBlockM, n * kBlockN, kBlockN)) {
+        if (n < full_begin || n >= full_end) {
           mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
         }
         softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
@@ -263,7 +265,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
           wgmma_wait<1>();  // S is done, P V may still run
           fence_registers(acc_s);
           if (leader) mbar_arrive(k_empty + kv.index);
-          if (mask.needs_mask(m0, kBlockM, n * kBlockN, kBlockN)) {
+          if (n < full_begin || n >= full_end) {
             mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
           }
           softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
