@@ -45,7 +45,6 @@ struct BwdBlock {
   int n_block, head_kv, batch;
   int n0;      // first key
   int rows_k;  // keys in the block
-  WindowMask mask;
   int m_begin, m_end;
   int steps;
 
@@ -56,10 +55,12 @@ struct BwdBlock {
         head_kv(c.head),
         batch(c.batch),
         n0(c.m_block * kBlockN),
-        rows_k(min(kBlockN, p.seqlen_k - c.m_block * kBlockN)),
-        mask(mask_of(p, SeqlenInfo(p, c.batch))) {
-    mask.m_block_range(n0, rows_k, kBlockM, m_begin, m_end);
+        rows_k(min(kBlockN, p.seqlen_k - c.m_block * kBlockN)) {
+    mask_of(p, SeqlenInfo(p, c.batch)).m_block_range(n0, rows_k, kBlockM, m_begin, m_end);
     steps = (m_end - m_begin) * p.group;
+  }
+  __device__ WindowMask mask(const cuda::BwdParams& p) const {
+    return mask_of(p, SeqlenInfo(p, batch));
   }
   __device__ int first_head(const cuda::BwdParams& p) const { return head_kv * p.group; }
   // The step after (head, m_block).

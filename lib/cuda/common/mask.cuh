@@ -81,6 +81,11 @@ struct WindowMask {
     hi = left >= 0 ? key - diag + left : INT_MAX / 2;
     if (key >= seqlen_k) lo = INT_MAX / 2;  // no query sees it
   }
+  // Whether c lies outside bounds [lo, hi] from keys_of or queries_of (an unbounded side is a
+  // far sentinel, so one comparison each side serves every mask).
+  __device__ __forceinline__ static bool outside(int c, int lo, int hi) {
+    return c > hi || c < lo;
+  }
 
   // Sets the hidden entries of a score fragment to `hidden`: kMTiles x kNTiles m16n8 tiles
   // (element ((mt * kNTiles + nt) * 4 + 2 hh + e) at query row0 + 16 mt + 8 hh, key
@@ -101,7 +106,7 @@ struct WindowMask {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = 8 * nt + e;
-            if (c > hi || c < lo) acc[(mt * kNTiles + nt) * 4 + 2 * hh + e] = hidden;
+            if (outside(c, lo, hi)) acc[(mt * kNTiles + nt) * 4 + 2 * hh + e] = hidden;
           }
         }
       }
@@ -126,7 +131,7 @@ struct WindowMask {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = 8 * nt + e;
-            if (c > hi || c < lo) acc[(mt * kNTiles + nt) * 4 + 2 * hh + e] = hidden;
+            if (outside(c, lo, hi)) acc[(mt * kNTiles + nt) * 4 + 2 * hh + e] = hidden;
           }
         }
       }

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
 
     // P = exp2(S * scale_log2 - LSE_log2) with the masks; dS = P * (dP - D). Both to smem.
-    const bool need_mask = blk.mask.needs_mask(m0, kBlockM, n0, kBlockN);
+    const bool need_mask = blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN);
 #pragma unroll
     for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         const int r = s_r0 + mi * 16 + g + hh * 8;
         const int row = m0 + r;
         int key_lo, key_hi;  // the keys this query sees
-        blk.mask.keys_of(row, key_lo, key_hi);
+        blk.mask(p).keys_of(row, key_lo, key_hi);
         const float lse2 = s_lse2[r], dsum = s_dsum[r];
 #pragma unroll
         for (int nt = 0; nt < kSN; ++nt) {
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             const int c = s_c0 + nt * 8 + 2 * t + e;
             float prob =
                 common::exp2_approx(fmaf(acc_s[mi][nt][hh * 2 + e], p.scale_log2, -lse2));
-            if (need_mask && (n0 + c > key_hi || n0 + c < key_lo)) prob = 0.0f;
+            if (need_mask && common::WindowMask::outside(n0 + c, key_lo, key_hi)) prob = 0.0f;
             pv[e] = prob;
             ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
           }

@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       }
     }
     // Masks, only where some key of the block is hidden from some query of the step.
-    if (blk.mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-      blk.mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g, m0 + 2 * t,
+    if (blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN)) {
+      blk.mask(p).apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g, m0 + 2 * t,
                                                 0.0f);
     }
     wgmma_wait<0>();

@@ -156,8 +156,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
       }
     }
     // Masks, only where some key of the block is hidden from some query of the step.
-    if (blk.mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-      blk.mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
+    if (blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN)) {
+      blk.mask(p).apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
                                                 m0 + wg * kQSplit + 2 * t, 0.0f);
     }
     wgmma_wait<0>();
