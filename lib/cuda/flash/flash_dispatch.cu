@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cuda/bulk_store_mark.hpp"
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/flash/launchers.hpp"
@@ -120,6 +121,14 @@ const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceI
 template <class Launcher>
 int smem_of(const Kernel<Launcher>* k) {
   return k == nullptr ? 0 : k->smem_bytes;
+}
+
+// The bytes from the output's first element to one past its last ([batch, seqlen_q, heads_q,
+// head_dim]; strides are non-negative).
+size_t output_bytes(const Tensor4& o, const Problem& pr) {
+  const int64_t last = (pr.batch - 1) * o.stride_batch + (pr.seqlen_q - 1) * o.stride_seq +
+                       (pr.heads_q - 1) * o.stride_head + pr.head_dim - 1;
+  return static_cast<size_t>(last + 1) * dtype_size(pr.dtype);
 }
 
 LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count}; }
@@ -250,6 +259,9 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
   const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
   if (k == nullptr) return cudaErrorNotSupported;
   const cudaError_t err = k->launch(p, launch_info(dev), stream);
+  if (err == cudaSuccess && k->arch == Arch::Sm90) {
+    mark_written(a.out.data, output_bytes(a.out, pr), stream);  // O was written by TMA stores
+  }
   if (err != cudaErrorNotSupported || k->arch == Arch::Sm80) return err;
   // The Hopper kernel declined the views (no tensor map for them): the sm80 kernel takes them.
   const Kernel<FwdLauncher>* fallback = find(kFwdKernels, Arch::Sm80, pr.dtype, k->head_dim);

@@ -3,9 +3,8 @@
 #include <climits>
 #include <cstdint>
 
-#include <nvtx3/nvToolsExtMemCudaRt.h>
-
 #include "core/error.hpp"
+#include "cuda/bulk_store_mark.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/standard/standard_kernels.hpp"
 
@@ -102,26 +101,6 @@ Strides4 packed(int64_t heads, int64_t seqlen, int64_t ld_d) {
 
 void check_launch(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail_cuda(e, what);
-}
-
-// cuBLAS's Hopper GEMM kernels write C with bulk (TMA) stores, which compute-sanitizer's
-// initcheck does not record: every later read of C is reported as uninitialized (a program of
-// one cuBLAS GEMM and one reading kernel shows it; docs/reliability.md). The NVTX memory API
-// tells the tool that the range is written, in stream order. Without a tool attached the call
-// returns at once.
-void mark_written(void* ptr, size_t bytes, cudaStream_t stream) {
-  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("flashattn");
-  nvtxMemVirtualRangeDesc_t range{};
-  range.ptr = ptr;
-  range.size = bytes;
-  nvtxMemMarkInitializedBatch_t desc{};
-  desc.extCompatID = NVTX_EXT_COMPATID_MEM;
-  desc.structSize = sizeof(desc);
-  desc.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  desc.regionDescCount = 1;
-  desc.regionDescElementSize = sizeof(range);
-  desc.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &desc);
 }
 
 size_t size_of(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
