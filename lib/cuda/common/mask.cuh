@@ -81,6 +81,11 @@ struct WindowMask {
     hi = left >= 0 ? key - diag + left : INT_MAX / 2;
     if (key >= seqlen_k) lo = INT_MAX / 2;  // no query sees it
   }
+  // Whether key c lies outside the bounds [lo, hi] keys_of gave, the lower bound tested only
+  // where there is one (a mask without a left bound then costs one comparison).
+  __device__ __forceinline__ bool outside_keys(int c, int lo, int hi) const {
+    return c > hi || (left >= 0 && c < lo);
+  }
   // Whether c lies outside bounds [lo, hi] from keys_of or queries_of (an unbounded side is a
   // far sentinel, so one comparison each side serves every mask).
   __device__ __forceinline__ static bool outside(int c, int lo, int hi) {

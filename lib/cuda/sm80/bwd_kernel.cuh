@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             const int c = s_c0 + nt * 8 + 2 * t + e;
             float prob =
                 common::exp2_approx(fmaf(acc_s[mi][nt][hh * 2 + e], p.scale_log2, -lse2));
-            if (need_mask && common::WindowMask::outside(n0 + c, key_lo, key_hi)) prob = 0.0f;
+            if (need_mask && blk.mask(p).outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
             pv[e] = prob;
             ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
           }
