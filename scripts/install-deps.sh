@@ -12,7 +12,7 @@ APT_PACKAGES=(
   bindgen libclang-dev                     # Rust bindings (bindgen needs libclang)
 )
 # Python modules (import name = pip name).
-PIP_PACKAGES=(numpy pytest)
+PIP_PACKAGES=(numpy pytest matplotlib)  # matplotlib: bench/plot_peers.py, checked in step 40
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then

@@ -2,8 +2,9 @@
 # Python binding: the package that step 10 staged in BUILD_DIR/python (its extension over the
 # library built there, CUDA compiled in when a toolkit is there): the pytest suite (numerics
 # against numpy float64 on the CPU backend, the bad-input catalogue, torch autograd where torch
-# is installed; the GPU file skips without a device, saying why) and the example. Step 45 tests
-# what `pip install .` makes.
+# is installed; the GPU file skips without a device, saying why) and the example. Then the
+# benchmark scripts' parts that need no GPU: compare_sdpa.py's ctypes layer on the CPU backend,
+# and plot_peers.py drawing the latest recorded run. Step 45 tests what `pip install .` makes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -13,3 +14,9 @@ cmake --build "$build" --target flashattn_python >/dev/null
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m pytest -q -p no:cacheprovider -rs bindings/python/tests
 python3 examples/python/attention.py
+
+python3 bench/compare_sdpa.py --lib "$build/lib/libflashattn.so" --selftest-cpu
+plots=$(mktemp -d)
+trap 'rm -rf "$plots"' EXIT
+latest=$(ls -d docs/perf/h200-*/ | sort | tail -n 1)
+python3 bench/plot_peers.py "$latest" --out "$plots"
