@@ -20,7 +20,8 @@ cmake --build "$BUILD_DIR" --target flashattn_python >/dev/null
 cp "$BUILD_DIR"/bindings/python/swig/flashattn_wrap.c "$BUILD_DIR"/bindings/python/swig/flashattn_swig.py \
   "$out/python-swig/"
 
-(cd bindings/go && GOFLAGS=-mod=mod GOPROXY=off go test -c -o "../../$out/flashattn_go.test" .)
+(cd bindings/go && GOCACHE=$FLASHATTN_BINDINGS_OUT/go-cache GOFLAGS=-mod=mod GOPROXY=off \
+   go test -c -o "../../$out/flashattn_go.test" .)  # GOCACHE: see scripts/steps/50-go.sh
 
 export CARGO_TARGET_DIR="$FLASHATTN_BINDINGS_OUT/cargo"
 exe=$(cargo test --offline --no-run --release --manifest-path bindings/rust/Cargo.toml \

@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bindings/env.sh
 export GOFLAGS=-mod=mod GOPROXY=off
+# A build cache of this build's own: go's cache does not notice that pkg-config now names
+# another library folder, so a package built for another BUILD_DIR would link against that.
+export GOCACHE=$FLASHATTN_BINDINGS_OUT/go-cache
 
 bindings/go/generate.sh --check
 # -v, for go test names a skipped test and its reason only then; the whole log is shown on a

@@ -3,8 +3,8 @@
 # for C, CMake, Go, Rust and Python the README's lines for a prefix (the blocks marked
 # <!-- checked: NAME -->) run as written, each in a new folder and a clean environment that holds
 # only PREFIX (the prefix) and FLASHATTN (this checkout) besides PATH and HOME: the lines must set
-# everything else themselves. Python's run in a new virtual environment. (45-wheel checks the
-# `pip install .` lines.)
+# everything else themselves. Python's run in a new virtual environment; Go's get a build cache
+# of their own (GOCACHE: see 50-go.sh). (45-wheel checks the `pip install .` lines.)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -28,8 +28,8 @@ for check in "${checks[@]}"; do
   fi
   start=$SECONDS
   script=$(cd "$dir" && python3 "$root/tests/docs/doc_blocks.py" "$root/README.md" "$check" .)
-  if (cd "$dir" && env -i PATH="$path" HOME="$HOME" PREFIX="$prefix" FLASHATTN="$root" \
-        bash -euo pipefail -c "$script") >"$dir/log" 2>&1; then
+  if (cd "$dir" && env -i PATH="$path" HOME="$HOME" GOCACHE="$dir/go-cache" PREFIX="$prefix" \
+        FLASHATTN="$root" bash -euo pipefail -c "$script") >"$dir/log" 2>&1; then
     echo "80-install: $check ok ($((SECONDS - start)) s): $(tail -n 1 "$dir/log")"
   else
     echo "80-install: $check FAILED ($((SECONDS - start)) s); the lines, then their output:" >&2
