@@ -22,7 +22,11 @@ and cuDNN: time and the device memory the step adds beyond its inputs q, k, v, d
 workspace + out, lse, dq, dk, dv; torch: the peak of torch.cuda.max_memory_allocated over what
 was allocated before the step).
 
-  python3 bench/compare_sdpa.py --lib build/lib/libflashattn.so --out peers.json [--quick]
+Each shape's start goes to stderr with how many are left and a rough time left, so that a
+long run shows where it is; the table goes to stdout. --plot draws the figures of
+bench/plot_peers.py beside the JSON (needs matplotlib).
+
+  python3 bench/compare_sdpa.py --lib build/lib/libflashattn.so --out peers.json [--quick] [--plot]
   python3 bench/compare_sdpa.py --lib build/lib/libflashattn.so --selftest-cpu   (no GPU)
 """
 
@@ -243,6 +247,35 @@ def selftest_cpu(lib):
 # ---------------------------------------------------------------------------------------------
 # The GPU comparison.
 
+class Progress:
+    """One stderr line as each of `total` steps starts: which, how many are left after it, the
+    time so far and, from the mean time of the steps done, a rough time left."""
+
+    def __init__(self, total, what):
+        self.total, self.what, self.done = total, what, 0
+        self.start = time.monotonic()
+
+    @staticmethod
+    def clock(seconds):
+        return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+    def step(self, label):
+        elapsed = time.monotonic() - self.start
+        eta = f", ~{self.clock(elapsed / self.done * (self.total - self.done))} left" if self.done else ""
+        self.done += 1
+        print(f"[{self.what} {self.done}/{self.total}] {label}: {self.total - self.done} left after "
+              f"this, {self.clock(elapsed)} so far{eta}", file=sys.stderr, flush=True)
+
+
+def sweep_shapes(args):
+    """(batch, seqlen, heads, head_dim, causal) of the sweep, in the order they run: 16k tokens
+    and hidden 2048, so seqlens that do not divide 16384 and head dims that do not divide 2048
+    are left out."""
+    return [(16384 // n, n, 2048 // d, d, causal)
+            for d in args.dims for causal in args.causal for n in args.seqlens
+            if 16384 % n == 0 and 2048 % d == 0]
+
+
 def fmt(x, width=7, digits=1):
     return f"{x:{width}.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else f"{'n/a':>{width}}"
 
@@ -354,60 +387,58 @@ def run_gpu(args, lib):
                 f"| {'f+b: ours':>9} {'FA2':>6} {'cuDNN':>6} | {'max|diff|':>9}")
         print(head)
         print("-" * len(head))
-        for d in args.dims:
-            for causal in args.causal:
-                for n in args.seqlens:
-                    if 16384 % n or 2048 % d:
-                        continue
-                    B, H = 16384 // n, 2048 // d
-                    shape = (B, n, H, d, causal)
-                    tensors = make_tensors(B, n, H, d, tdtype)
-                    q, k, v, out, lse, dout = tensors[:6]
-                    # SDPA's preferred layout, same values
-                    qh, kh, vh, doh = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
-                    fa2 = measure_sdpa(SDPBackend.FLASH_ATTENTION, qh, kh, vh, doh, causal)
-                    cudnn = measure_sdpa(SDPBackend.CUDNN_ATTENTION, qh, kh, vh, doh, causal)
-                    with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                        ref = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
-                    for name, algorithm in algos:
-                        ours, call = measure_ours(shape, tensors, algorithm)
-                        maxdiff = None
-                        if ours["fwd_ms"] is not None:
-                            out.fill_(float("nan"))
-                            call.forward()
-                            torch.cuda.synchronize(dev)
-                            maxdiff = float((out.float() - ref.float()).abs().max().item())
-                        rec = {"dtype": args.dtype, "batch": B, "seqlen": n, "heads": H, "head_dim": d,
-                               "causal": causal, "algo": name, "ours": ours, "fa2": fa2, "cudnn": cudnn,
-                               "max_abs_diff_vs_fa2": maxdiff}
-                        for who, r in (("ours", ours), ("fa2", fa2), ("cudnn", cudnn)):
-                            for mode, mult in (("fwd", 1.0), ("bwd", 2.5), ("fwdbwd", 3.5)):
-                                ms = r.get(f"{mode}_ms")
-                                rec[f"{who}_{mode}_tflops"] = tflops(shape, ms, mult) if ms else None
-                        records.append(rec)
-                        label = f"b{B} h{H} n{n} d{d}{' causal' if causal else ''}"
+        shapes = sweep_shapes(args)
+        progress = Progress(len(shapes), "sweep")
+        for B, n, H, d, causal in shapes:
+            shape = (B, n, H, d, causal)
+            label = f"b{B} h{H} n{n} d{d}{' causal' if causal else ''}"
+            progress.step(label)
+            tensors = make_tensors(B, n, H, d, tdtype)
+            q, k, v, out, lse, dout = tensors[:6]
+            # SDPA's preferred layout, same values
+            qh, kh, vh, doh = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
+            fa2 = measure_sdpa(SDPBackend.FLASH_ATTENTION, qh, kh, vh, doh, causal)
+            cudnn = measure_sdpa(SDPBackend.CUDNN_ATTENTION, qh, kh, vh, doh, causal)
+            with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                ref = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
+            for name, algorithm in algos:
+                ours, call = measure_ours(shape, tensors, algorithm)
+                maxdiff = None
+                if ours["fwd_ms"] is not None:
+                    out.fill_(float("nan"))
+                    call.forward()
+                    torch.cuda.synchronize(dev)
+                    maxdiff = float((out.float() - ref.float()).abs().max().item())
+                rec = {"dtype": args.dtype, "batch": B, "seqlen": n, "heads": H, "head_dim": d,
+                       "causal": causal, "algo": name, "ours": ours, "fa2": fa2, "cudnn": cudnn,
+                       "max_abs_diff_vs_fa2": maxdiff}
+                for who, r in (("ours", ours), ("fa2", fa2), ("cudnn", cudnn)):
+                    for mode, mult in (("fwd", 1.0), ("bwd", 2.5), ("fwdbwd", 3.5)):
+                        ms = r.get(f"{mode}_ms")
+                        rec[f"{who}_{mode}_tflops"] = tflops(shape, ms, mult) if ms else None
+                records.append(rec)
 
-                        def tf(who, mode):
-                            x = rec[f"{who}_{mode}_tflops"]
-                            return x if x is not None else float("nan")
+                def tf(who, mode):
+                    x = rec[f"{who}_{mode}_tflops"]
+                    return x if x is not None else float("nan")
 
-                        def ratio(a, b):
-                            return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else float("nan")
+                def ratio(a, b):
+                    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else float("nan")
 
-                        cols = []
-                        for mode in ("fwd", "bwd"):
-                            o, f2, cd = tf("ours", mode), tf("fa2", mode), tf("cudnn", mode)
-                            cols.append(f"{fmt(o, 9)} {fmt(f2, 6)} {fmt(cd, 6)} {fmt(ratio(o, f2), 5, 2)} {fmt(ratio(o, cd), 6, 2)}")
-                        o, f2, cd = tf("ours", "fwdbwd"), tf("fa2", "fwdbwd"), tf("cudnn", "fwdbwd")
-                        cols.append(f"{fmt(o, 9)} {fmt(f2, 6)} {fmt(cd, 6)}")
-                        md = f"{maxdiff:9.2e}" if maxdiff is not None else f"{'n/a':>9}"
-                        print(f"{label:<28} {name:<8} | " + " | ".join(cols) + f" | {md}")
-                        for who, r in (("ours", ours), ("FA2", fa2), ("cuDNN", cudnn)):
-                            if r["why"]:
-                                print(f"{'':<28} {'':<8}   {who}: {r['why'][:140]}")
-                        sys.stdout.flush()
-                    del tensors, q, k, v, out, lse, dout, qh, kh, vh, doh, ref
-                    torch.cuda.empty_cache()
+                cols = []
+                for mode in ("fwd", "bwd"):
+                    o, f2, cd = tf("ours", mode), tf("fa2", mode), tf("cudnn", mode)
+                    cols.append(f"{fmt(o, 9)} {fmt(f2, 6)} {fmt(cd, 6)} {fmt(ratio(o, f2), 5, 2)} {fmt(ratio(o, cd), 6, 2)}")
+                o, f2, cd = tf("ours", "fwdbwd"), tf("fa2", "fwdbwd"), tf("cudnn", "fwdbwd")
+                cols.append(f"{fmt(o, 9)} {fmt(f2, 6)} {fmt(cd, 6)}")
+                md = f"{maxdiff:9.2e}" if maxdiff is not None else f"{'n/a':>9}"
+                print(f"{label:<28} {name:<8} | " + " | ".join(cols) + f" | {md}")
+                for who, r in (("ours", ours), ("FA2", fa2), ("cuDNN", cudnn)):
+                    if r["why"]:
+                        print(f"{'':<28} {'':<8}   {who}: {r['why'][:140]}")
+                sys.stdout.flush()
+            del tensors, q, k, v, out, lse, dout, qh, kh, vh, doh, ref
+            torch.cuda.empty_cache()
         print()
 
     # ---- GPT-2 medium, forward + backward, time and memory ----
@@ -417,7 +448,10 @@ def run_gpu(args, lib):
         print("FlashAttention paper, GPT-2 medium (batch 64, 16 heads, seqlen 1024, head dim 64, fp16), "
               "forward + backward.\nPaper (A100): standard 41.7 ms, FlashAttention 7.3 ms.")
         print(f"{'':<26} {'causal':>6} {'fwd+bwd ms':>11} {'extra memory GB':>16}")
-        for causal in (False, True):
+        gpt2_cases = (False, True)
+        progress = Progress(len(gpt2_cases), "GPT-2 medium")
+        for causal in gpt2_cases:
+            progress.step("causal" if causal else "not causal")
             tensors = make_tensors(B, N, H, D, torch.float16)
             q, k, v, out, lse, dout, dq, dk, dv = tensors
             # Comparable with torch's peak over its inputs: what the step adds beyond q, k, v
@@ -471,6 +505,11 @@ def run_gpu(args, lib):
                        "dtype": args.dtype, "sweep": records, "gpt2_medium": gpt2,
                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
         print(f"\nwrote {args.out}")
+        if args.plot:
+            from plot_peers import plot_run  # beside this script
+            written = plot_run(args.out, None, os.path.dirname(os.path.abspath(args.out)))
+            if written:
+                print(f"drew {', '.join(written)} beside it")
     return 0
 
 
@@ -478,6 +517,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="path of libflashattn.so")
     ap.add_argument("--out", help="JSON output path")
+    ap.add_argument("--plot", action="store_true",
+                    help="draw bench/plot_peers.py's figures beside --out (needs matplotlib)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--algo", choices=["flash", "both"], default="flash",
                     help="ours: flash only, or flash and standard, in the sweep")
@@ -493,6 +534,8 @@ def main():
     ap.add_argument("--selftest-cpu", action="store_true",
                     help="check the ctypes layer on the CPU backend (numpy only) and exit")
     args = ap.parse_args()
+    if args.plot and not args.out:
+        ap.error("--plot draws beside the JSON file: give --out")
     if args.quick:
         args.seqlens, args.dims = "1024,4096,16384", "64,128"
     args.dims = [int(x) for x in args.dims.split(",")]

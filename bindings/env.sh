@@ -1,10 +1,9 @@
-# Sourced by the bindings' test steps (scripts/steps/40-python.sh, 50-go.sh, 60-rust.sh) and
+# Sourced by the Go and Rust test steps (scripts/steps/50-go.sh, 60-rust.sh) and
 # bindings/gpu-artifacts.sh, from the repository root. Installs the library built in $BUILD_DIR
 # (default: build) into $BUILD_DIR/install and exports what the bindings need to find it:
-#   PKG_CONFIG_PATH   so that `pkg-config flashattn` (Python's setup.py, Go's #cgo pkg-config,
-#                     the Rust -sys crate's build script) answers with that install
-#   LD_LIBRARY_PATH   so that Go and Rust test binaries load libflashattn.so (Python's
-#                     extension records the library folder itself)
+#   PKG_CONFIG_PATH   so that `pkg-config flashattn` (Go's #cgo pkg-config, the Rust -sys
+#                     crate's build script) answers with that install
+#   LD_LIBRARY_PATH   so that Go and Rust test binaries load libflashattn.so
 #   FLASHATTN_PREFIX  the install, FLASHATTN_BINDINGS_OUT a folder for the bindings' build outputs
 # and FLASHATTN_INCLUDEDIR (its include folder) for generators (swig, bindgen).
 

@@ -12,7 +12,7 @@ APT_PACKAGES=(
   bindgen libclang-dev                     # Rust bindings (bindgen needs libclang)
 )
 # Python modules (import name = pip name).
-PIP_PACKAGES=(numpy pytest)
+PIP_PACKAGES=(numpy pytest matplotlib)  # matplotlib: bench/plot_peers.py, checked in step 40
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then
@@ -37,7 +37,7 @@ if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 # Python: the python3 on PATH needs its headers (for the bindings) and pip.
 if ! command -v python3 >/dev/null 2>&1; then
-  missing+=(python3 python3-dev python3-pip)
+  missing+=(python3 python3-dev python3-pip python3-venv)
 else
   if ! python3 - <<'PY' 2>/dev/null
 import os, sysconfig, sys
@@ -47,6 +47,9 @@ PY
     installed python3-dev || missing+=(python3-dev)
   fi
   python3 -m pip --version >/dev/null 2>&1 || { installed python3-pip || missing+=(python3-pip); }
+  # Virtual environments (the wheel and install checks make new ones): Debian's python3 has
+  # ensurepip only with python3-venv.
+  python3 -c 'import ensurepip, venv' 2>/dev/null || { installed python3-venv || missing+=(python3-venv); }
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -54,6 +54,28 @@ static void flashattn_swig_set_error(flashattn_status_t status) {
     SWIG_fail;                       \
   } while (0)
 
+/* Adds an output parameter's value to a call's result. A call whose status became None returns
+ * the value alone, and several values as a list. SWIG's own SWIG_Python_AppendOutput does so only
+ * before SWIG 4.3; later ones return [None, value] for a function that is not void in C. */
+static PyObject *flashattn_swig_append(PyObject *result, PyObject *value) {
+  if (result == NULL || result == Py_None) {
+    Py_XDECREF(result);
+    return value;
+  }
+  if (!PyList_Check(result)) {
+    PyObject *list = PyList_New(1);
+    if (list == NULL) {
+      Py_DECREF(value);
+      return result;
+    }
+    PyList_SET_ITEM(list, 0, result);
+    result = list;
+  }
+  PyList_Append(result, value);
+  Py_DECREF(value);
+  return result;
+}
+
 /* A proxy for an options struct the caller placed in memory of its own (not owned by the proxy). */
 static flashattn_options_t *options_at(void *address) { return (flashattn_options_t *)address; }
 %}
@@ -65,14 +87,14 @@ static flashattn_options_t *options_at(void *address) { return (flashattn_option
 %define FLASHATTN_HANDLE_OUT(TYPE)
 %typemap(in, numinputs=0) TYPE *out (TYPE temp = NULL) "$1 = &temp;"
 %typemap(argout) TYPE *out
-  "$result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(SWIG_as_voidptr(temp$argnum), $*1_descriptor, 0));"
+  "$result = flashattn_swig_append($result, SWIG_NewPointerObj(SWIG_as_voidptr(temp$argnum), $*1_descriptor, 0));"
 %enddef
 FLASHATTN_HANDLE_OUT(flashattn_context_t)
 FLASHATTN_HANDLE_OUT(flashattn_buffer_t)
 
 %define FLASHATTN_SCALAR_OUT(TYPE, TO_PYTHON)
 %typemap(in, numinputs=0) TYPE *out (TYPE temp = 0) "$1 = &temp;"
-%typemap(argout) TYPE *out "$result = SWIG_Python_AppendOutput($result, TO_PYTHON(temp$argnum));"
+%typemap(argout) TYPE *out "$result = flashattn_swig_append($result, TO_PYTHON(temp$argnum));"
 %enddef
 FLASHATTN_SCALAR_OUT(int, PyLong_FromLong)
 FLASHATTN_SCALAR_OUT(size_t, PyLong_FromSize_t)

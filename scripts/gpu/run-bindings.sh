@@ -24,16 +24,19 @@ run() {  # run NAME COMMAND...
   echo "== $name: $*" >> "$log"
   if timeout 240 "$@" >> "$log" 2>&1; then verdict[$name]=passed; else verdict[$name]="FAILED ($?)"; fi
 }
+# The Python package, staged in $build/python, from the SWIG output made on the development machine.
 py_build() {
-  cd "$root/bindings/python" &&
-    FLASHATTN_SWIG_DIR=$root/$carry/python-swig python3 setup.py build_ext --inplace
+  cmake -S "$root" -B "$root/$build" -DFLASHATTN_BUILD_PYTHON=ON \
+    -DFLASHATTN_SWIG_DIR="$root/$carry/python-swig" -DPython_EXECUTABLE="$(command -v python3)" &&
+    cmake --build "$root/$build" --target flashattn_python
 }
 export -f py_build
-export root carry
+export root build carry
 run python-build bash -c py_build
-PYTHONPATH=$root/bindings/python run python python3 -m pytest bindings/python/tests -q -rs
+PYTHONPATH=$root/$build/python run python python3 -m pytest bindings/python/tests -q -rs
 run go "$carry/flashattn_go.test" -test.v -test.run GPU
-run rust "$carry/flashattn_rust_gpu.test" --nocapture
+# The Rust GPU tests are #[ignore]d where no GPU is meant to be: --ignored runs just them.
+run rust "$carry/flashattn_rust_gpu.test" --ignored --nocapture
 for name in python-build python go rust; do
   printf 'bindings %-12s %s\n' "$name" "${verdict[$name]:-not run}"
 done

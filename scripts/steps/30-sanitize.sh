@@ -7,7 +7,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-build=${FLASHATTN_ASAN_BUILD_DIR:-$root/build-asan}
+# Beside BUILD_DIR (build-asan/ by default), so that moving BUILD_DIR moves this build too.
+build=${FLASHATTN_ASAN_BUILD_DIR:-${BUILD_DIR:-$root/build}-asan}
 jobs=${JOBS:-2}
 
 if [[ -z "${CC:-}" && -z "${CXX:-}" ]] && command -v clang >/dev/null && command -v clang++ >/dev/null; then

@@ -10,7 +10,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-build=${FLASHATTN_FUZZ_BUILD_DIR:-$root/build-fuzz}
+# Beside BUILD_DIR (build-fuzz/ by default), so that moving BUILD_DIR moves this build too.
+build=${FLASHATTN_FUZZ_BUILD_DIR:-${BUILD_DIR:-$root/build}-fuzz}
 seconds=${FLASHATTN_FUZZ_SECONDS:-60}
 jobs=${JOBS:-2}
 

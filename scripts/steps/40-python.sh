@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Python binding: pip-installs bindings/python (SWIG runs during the build) into a folder of the
-# build rather than the system, then runs its pytest suite (numerics against numpy float64 on the
-# CPU backend, the bad-input catalogue, torch autograd where torch is installed; the GPU file skips
-# without a device) and the example.
+# Python binding: the package that step 10 staged in BUILD_DIR/python (its extension over the
+# library built there, CUDA compiled in when a toolkit is there): the pytest suite (numerics
+# against numpy float64 on the CPU backend, the bad-input catalogue, torch autograd where torch
+# is installed; the GPU file skips without a device, saying why) and the example. Then the
+# benchmark scripts' parts that need no GPU: compare_sdpa.py's ctypes layer on the CPU backend,
+# and plot_peers.py drawing the latest recorded run. Step 45 tests what `pip install .` makes.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-. bindings/env.sh
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+cd "$root"
 
-site="$FLASHATTN_BINDINGS_OUT/python"
-rm -rf "$site"
-# Building in the current environment needs setuptools and wheel there; without them pip sets up
-# an isolated build environment from the package index instead.
-isolation=--no-build-isolation
-python3 -c 'import setuptools, wheel' 2>/dev/null || isolation=
-PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps $isolation \
-  --target "$site" ./bindings/python
-
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+cmake --build "$build" --target flashattn_python >/dev/null
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m pytest -q -p no:cacheprovider -rs bindings/python/tests
 python3 examples/python/attention.py
+
+python3 bench/compare_sdpa.py --lib "$build/lib/libflashattn.so" --selftest-cpu
+plots=$(mktemp -d)
+trap 'rm -rf "$plots"' EXIT
+latest=$(ls -d docs/perf/h200-*/ | sort | tail -n 1)
+python3 bench/plot_peers.py "$latest" --out "$plots"

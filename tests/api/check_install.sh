@@ -50,13 +50,20 @@ for example in "$src"/examples/c/*.c; do
 done
 [ $n -gt 0 ] || fail "no example found in $src/examples/c"
 
-# The CMake package: find_package(flashattn) and link flashattn::flashattn.
+# The CMake package: find_package(flashattn MAJOR.MINOR) and link flashattn::flashattn.
+[ -f "$libdir/cmake/flashattn/flashattnConfigVersion.cmake" ] || fail "no flashattnConfigVersion.cmake"
+major_minor=${version%.*}
 consumer=$work/consumer
 mkdir -p "$consumer"
 cat > "$consumer/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.16)
 project(consumer C)
-find_package(flashattn REQUIRED CONFIG)
+# The version file is read: the next major version is not this one.
+find_package(flashattn $((major + 1)) QUIET CONFIG)
+if(flashattn_FOUND)
+  message(FATAL_ERROR "find_package(flashattn $((major + 1))) accepted version \${flashattn_VERSION}")
+endif()
+find_package(flashattn $major_minor REQUIRED CONFIG)
 add_executable(consumer "$src/examples/c/attention.c")
 target_link_libraries(consumer PRIVATE flashattn::flashattn m)
 CMAKE
@@ -65,5 +72,5 @@ cmake -S "$consumer" -B "$consumer/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_
   -DCMAKE_C_FLAGS="$cflags" > "$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "find_package(flashattn) failed"; }
 cmake --build "$consumer/build" >> "$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "building against flashattn::flashattn failed"; }
 LD_LIBRARY_PATH=$libdir "$consumer/build/consumer" > /dev/null || fail "the CMake consumer failed"
-echo "find_package(flashattn) + flashattn::flashattn: ok"
+echo "find_package(flashattn $major_minor) + flashattn::flashattn: ok"
 echo "install check: ok ($n example(s) built with pkg-config from $prefix)"

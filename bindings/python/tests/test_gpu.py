@@ -8,17 +8,21 @@ Skipped (with the reason) where torch, CUDA or a device the library can use is m
 """
 import pytest
 
+import flashattn
+
+# The device first: on a machine without one, that is the reason worth reporting.
+if flashattn.cuda_device_count() == 0:
+    pytest.skip("no CUDA device: libflashattn finds none (%s)"
+                % ("no driver or no device visible" if flashattn.has_cuda()
+                   else "this libflashattn was built without CUDA"), allow_module_level=True)
+
 torch = pytest.importorskip("torch")
 
-import flashattn  # noqa: E402
 from flashattn import _lib  # noqa: E402
 from reference import ATOL  # noqa: E402
 
 if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA device", allow_module_level=True)
-if flashattn.cuda_device_count() == 0:
-    pytest.skip("libflashattn finds no CUDA device (built without CUDA, or no driver)",
-                allow_module_level=True)
+    pytest.skip("no CUDA device: torch sees none", allow_module_level=True)
 
 import torch.nn.functional as F  # noqa: E402
 

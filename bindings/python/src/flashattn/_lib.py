@@ -1,7 +1,9 @@
 """The low layer (the SWIG module) and the contexts the package computes with."""
 import ctypes
+import functools
 import glob
 import os
+import sys
 import threading
 
 
@@ -22,9 +24,30 @@ def _preload_library():
 
 _preload_library()
 
-from . import flashattn_swig as low  # noqa: E402
+try:
+    from . import flashattn_swig as low  # noqa: E402
+except ImportError as e:
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "flashattn_swig.py")):
+        raise
+    raise ImportError(
+        "flashattn: %s holds the package's Python sources only, not its compiled part; install "
+        "it (pip install <repository>) or put a build's python/ folder (cmake "
+        "-DFLASHATTN_BUILD_PYTHON=ON) on PYTHONPATH" % os.path.dirname(__file__)) from e
 
 Error = low.Error
+
+
+@functools.lru_cache(maxsize=None)
+def _load_wheel_cublas():
+    """Loads cuBLAS from NVIDIA's wheels (nvidia-cublas; torch brings it along) where they are
+    installed. The CUDA backend opens libcublas.so.<major> by name first, which then finds this
+    copy: a machine with a driver and no CUDA toolkit runs the CUDA backend too."""
+    for folder in sys.path:
+        for path in sorted(glob.glob(os.path.join(folder, "nvidia", "*", "lib", "libcublas.so.*"))):
+            try:
+                ctypes.CDLL(path)
+            except OSError:
+                pass  # another CUDA version's copy, or a broken one: the library says what it found
 
 _BACKENDS = {
     "auto": low.FLASHATTN_BACKEND_AUTO,
@@ -42,6 +65,8 @@ class Context:
         code = _BACKENDS.get(backend) if isinstance(backend, str) else int(backend)
         if code is None:
             raise ValueError("backend must be one of %s, not %r" % (sorted(_BACKENDS), backend))
+        if code != low.FLASHATTN_BACKEND_CPU and low.flashattn_has_cuda():
+            _load_wheel_cublas()
         self._handle = low.flashattn_context_create(code, int(device))
 
     @property
