@@ -4,7 +4,7 @@
 # against numpy float64 on the CPU backend, the bad-input catalogue, torch autograd where torch
 # is installed; the GPU file skips without a device, saying why) and the example. Then the
 # benchmark scripts' parts that need no GPU: compare_sdpa.py's ctypes layer on the CPU backend,
-# and plot_peers.py drawing the latest recorded run. Step 45 tests what `pip install .` makes.
+# and plot_peers.py drawing every recorded run. Step 45 tests what `pip install .` makes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -18,5 +18,8 @@ python3 examples/python/attention.py
 python3 bench/compare_sdpa.py --lib "$build/lib/libflashattn.so" --selftest-cpu
 plots=$(mktemp -d)
 trap 'rm -rf "$plots"' EXIT
-latest=$(ls -d docs/perf/h200-*/ | sort | tail -n 1)
-python3 bench/plot_peers.py "$latest" --out "$plots"
+# Every recorded run with a peers.json is drawn (into a scratch folder): the script must read
+# them all.
+for run in $(ls docs/perf/h200-*/peers.json docs/perf/h200-*/*/peers.json 2>/dev/null); do
+  python3 bench/plot_peers.py "$(dirname "$run")" --out "$plots/$(dirname "$run" | tr / _)"
+done
