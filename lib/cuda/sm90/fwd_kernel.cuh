@@ -42,6 +42,23 @@ struct FwdTmaArgs {
   common::TileScheduler sched;
 };
 
+// One tile as the producer and the consumers both see it: its coordinates, its first query
+// row, and the key blocks [n_begin, n_end) the mask leaves it.
+template <int kBlockM, int kBlockN>
+struct FwdTile {
+  common::TileCoord coord;
+  common::SeqlenInfo seq;
+  common::WindowMask mask;
+  int m0, n_begin, n_end;
+  __device__ FwdTile(const cuda::FwdParams& p, const common::TileScheduler& sched, int tile)
+      : coord(sched.at(tile)),
+        seq(p, coord.batch),
+        mask(common::mask_of(p, seq)),
+        m0(coord.m_block * kBlockM) {
+    mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+  }
+};
+
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaArgs args) {
@@ -118,12 +135,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     for (int round = 0;; ++round) {
       const int tile = sched.nth_tile(blockIdx.x, round, gridDim.x);
       if (tile >= num_tiles) break;
-      const common::TileCoord c = sched.at(tile);
-      const common::SeqlenInfo seq(p, c.batch);
-      const common::WindowMask mask = common::mask_of(p, seq);
-      const int m0 = c.m_block * kBlockM;
-      int n_begin, n_end;
-      mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+      const FwdTile<kBlockM, kBlockN> w(p, sched, tile);
+      const common::TileCoord& c = w.coord;
+      const int m0 = w.m0, n_begin = w.n_begin, n_end = w.n_end;
       const int head_kv = c.head / p.group;
 
       mbar_wait(q_empty + q.index, q.phase ^ 1);
@@ -207,12 +221,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     for (int round = 0;; ++round) {
       const int tile = sched.nth_tile(blockIdx.x, round, gridDim.x);
       if (tile >= num_tiles) break;
-      const common::TileCoord c = sched.at(tile);
-      const common::SeqlenInfo seq(p, c.batch);
-      const common::WindowMask mask = common::mask_of(p, seq);
-      const int m0 = c.m_block * kBlockM;
-      int n_begin, n_end;
-      mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+      const FwdTile<kBlockM, kBlockN> w(p, sched, tile);
+      const common::TileCoord& c = w.coord;
+      const common::SeqlenInfo& seq = w.seq;
+      const common::WindowMask& mask = w.mask;
+      const int m0 = w.m0, n_begin = w.n_begin, n_end = w.n_end;
       int full_begin, full_end;  // the blocks that need no mask
       mask.unmasked_blocks(m0, kBlockM, kBlockN, full_begin, full_end);
       const int row_in_tile = 64 * cwg + 16 * warp + g;  // this thread's first row
