@@ -12,6 +12,11 @@
  *  - Output parameters come first and are called `out`. On failure `*out` is left unchanged.
  *  - No function throws, aborts or exits; bad input returns a status.
  *  - Handles are opaque. `*_destroy(NULL)` is a no-op that returns FLASHATTN_SUCCESS.
+ *  - A stale handle (destroyed already, or never returned by a create function) is refused
+ *    like NULL, with FLASHATTN_ERROR_INVALID_ARGUMENT, by every function, destroy included: the
+ *    library never reads it. Wherever a line below says "ctx is NULL" or "buf is NULL", a stale
+ *    handle is meant too. (A later create may return the address of a destroyed handle again;
+ *    the old handle then names the new object.)
  *  - A context is used by one thread at a time (its buffers too). A second thread entering a
  *    context that is in use gets FLASHATTN_ERROR_CONTEXT_BUSY and nothing happens. Different
  *    contexts are independent and may be used from different threads at once.
@@ -157,8 +162,10 @@ FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t *o
  * they are destroyed themselves (a buffer keeps what it needs alive), so contexts and buffers
  * may be destroyed in any order. NULL is a no-op. Must not race with another call on ctx.
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_DEVICE  waiting for the stream reported an earlier asynchronous error
- *                                 (the context is destroyed all the same) */
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx is stale (destroyed already); nothing happens
+ * \retval FLASHATTN_ERROR_DEVICE            waiting for the stream reported an earlier
+ *                                           asynchronous error (the context is destroyed all
+ *                                           the same) */
 FLASHATTN_API flashattn_status_t flashattn_context_destroy(flashattn_context_t ctx);
 
 /* The backend the context runs on (CPU or CUDA; AUTO is resolved at creation).
@@ -207,7 +214,8 @@ FLASHATTN_API flashattn_status_t flashattn_context_synchronize(flashattn_context
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory owned by the library, for callers with no array type of their own. A CUDA
  * context's buffers are device memory of its device; a CPU context's are host memory. Both are
- * aligned to 256 bytes. A view whose data lies in a buffer is checked against the buffer's end.
+ * aligned to 256 bytes. A view whose data lies in a buffer, at its end or up to 256 bytes past
+ * it, is checked against the buffer's end: FLASHATTN_ERROR_INVALID_MEMORY when it does not fit.
  * A CUDA buffer may be used only with the context that created it (another context's work would
  * not be ordered against the stream the buffer is freed on): FLASHATTN_ERROR_INVALID_MEMORY. */
 
@@ -226,8 +234,9 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t *out
 /* Frees a buffer after the work enqueued on its context's stream has finished. Never refused
  * for a busy context (finalizers may call it from any thread). NULL is a no-op.
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_DEVICE  freeing reported an earlier asynchronous error (the buffer is
- *                                 released all the same) */
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  buf is stale (destroyed already); nothing happens
+ * \retval FLASHATTN_ERROR_DEVICE            freeing reported an earlier asynchronous error (the
+ *                                           buffer is released all the same) */
 FLASHATTN_API flashattn_status_t flashattn_buffer_destroy(flashattn_buffer_t buf);
 
 /* Copies `bytes` from host memory `src` to the buffer at byte `offset`, ordered after the work
@@ -329,7 +338,8 @@ FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out
  * dtypes, strides and options are examined; data pointers may be NULL.
  * \retval FLASHATTN_SUCCESS            supported
  * \retval FLASHATTN_ERROR_UNSUPPORTED  valid, but not implemented for this backend or device
- * \retval FLASHATTN_ERROR_INVALID_*    the views or options are wrong (the message says how) */
+ * \retval FLASHATTN_ERROR_INVALID_*    ctx is NULL (INVALID_ARGUMENT), or the views or options
+ *                                     are wrong (the message says how) */
 FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
                                                      const flashattn_tensor_t *q,
                                                      const flashattn_tensor_t *k,

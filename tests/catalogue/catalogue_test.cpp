@@ -153,6 +153,7 @@ struct Fixture {
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
+  void* base[kNumTensors] = {};
   flashattn_buffer_t bufs[kNumTensors] = {};
   size_t sizes[kNumTensors] = {};
   flashattn_tensor_t views[kNumTensors] = {};
@@ -179,6 +180,7 @@ struct Fixture {
           flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
         throw std::runtime_error(std::string("buffer: ") + flashattn_last_error());
       }
+      base[t] = data;
       flashattn_status_t st =
           t == LSE ? flashattn_tensor_lse(&views[t], data, B, HQ, NQ)
                    : flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B,
@@ -235,8 +237,18 @@ struct Fixture {
     const std::string lhs = m.substr(0, eq);
     const std::string rhs = m.substr(eq + 1);
     if (lhs == "ctx") {
-      if (rhs != "null") throw std::runtime_error("ctx takes only null");
-      ctx_arg = nullptr;
+      if (rhs == "null") {
+        ctx_arg = nullptr;
+      } else if (rhs == "destroyed") {
+        flashattn_context_t stale = nullptr;
+        if (flashattn_context_create(&stale, FLASHATTN_BACKEND_CPU, 0) != FLASHATTN_SUCCESS ||
+            flashattn_context_destroy(stale) != FLASHATTN_SUCCESS) {
+          throw std::runtime_error(std::string("a context to destroy: ") + flashattn_last_error());
+        }
+        ctx_arg = stale;
+      } else {
+        throw std::runtime_error("ctx takes null or destroyed");
+      }
       return;
     }
     if (lhs == "options") {
@@ -270,7 +282,8 @@ struct Fixture {
       present[tensor_index(lhs)] = false;
       return;
     }
-    flashattn_tensor_t& t = views[tensor_index(lhs.substr(0, dot))];
+    const int index = tensor_index(lhs.substr(0, dot));
+    flashattn_tensor_t& t = views[index];
     const std::string field = lhs.substr(dot + 1);
     if (field == "dtype") {
       store32(&t.dtype, parse_int(rhs));
@@ -290,6 +303,10 @@ struct Fixture {
         t.data = static_cast<char*>(t.data) + 1;
       } else if (rhs.compare(0, 6, "alias:") == 0) {
         t.data = views[tensor_index(rhs.substr(6))].data;
+      } else if (rhs.compare(0, 4, "end+") == 0) {
+        const int64_t past = parse_int(rhs.substr(4));
+        if (past < 0 || past > 255) throw std::runtime_error("end+ takes 0..255");
+        t.data = static_cast<char*>(base[index]) + sizes[index] + past;
       } else {
         throw std::runtime_error("bad data mutation");
       }
