@@ -311,9 +311,18 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
  * end); a larger size from a newer header is accepted when the bytes it does not know are all
  * zero. */
 
+/* The largest |softmax_scale| accepted; beyond it every operation returns
+ * FLASHATTN_ERROR_INVALID_ARGUMENT (on every backend). Up to it no fp16 input (|x| <= 65504,
+ * head_dim <= 256) can take a score scale * q.k, nor its base-2 form scale * log2(e) * q.k,
+ * past fp32's range, so finite fp16 inputs give finite results; at it the softmax of ordinary
+ * inputs is one-hot, the limit of any larger scale. (Large float32 and bfloat16 inputs can
+ * overflow a score at any scale.) */
+#define FLASHATTN_MAX_SOFTMAX_SCALE 1e26f
+
 typedef struct flashattn_options {
   size_t size;             /* sizeof(flashattn_options_t) as the caller compiled it */
-  float softmax_scale;     /* 0 (default): 1/sqrt(head_dim); else used as given (finite) */
+  float softmax_scale;     /* 0 (default): 1/sqrt(head_dim); else used as given (finite, at most
+                              FLASHATTN_MAX_SOFTMAX_SCALE in magnitude) */
   int32_t causal;          /* 0 or 1; 1 masks key j for query i when j > i + seqlen_k - seqlen_q
                               (bottom-right aligned, as FlashAttention-2 and cuDNN) */
   flashattn_algorithm_t algorithm; /* FLASH (default) or STANDARD */

@@ -153,23 +153,33 @@ inline float row_max(const float* s, int64_t n) {
 }
 
 // A row's shift in log2 units as an unevaluated sum hi + lo of two floats, so that s - shift
-// keeps the precision of a double: the backward's LSE, converted from natural log, needs more
-// bits than one float has.
+// keeps the precision of a double (the backward's LSE, converted from natural log, needs more
+// bits than one float has), and how finely the shift is known: the saved LSE is rounded to
+// fp32, so a difference within `resolution` of 0 cannot be told from 0.
 struct Shift {
   float hi = 0.0f;
   float lo = 0.0f;
+  float resolution = 0.0f;
 };
 
+// The shift for P = exp2(S - LSE) from the LSE in log2 units (hi + lo, -inf for a row that sees
+// no key). The fp32 LSE carries up to half an ulp of rounding, under |LSE| * 2^-24.
+inline Shift lse_shift(float hi, float lo) {
+  return Shift{hi, lo, std::isfinite(hi) ? std::fabs(hi) * 0x1p-24f : 0.0f};
+}
+
 // s = exp2(s - shift) in place; returns the sum. The shift is the row's maximum or its LSE, so
-// s - shift <= 0 and each term <= 1. Rounding can put the difference above 0 (a hair at ordinary
-// logits; far at a huge softmax scale, where the LSE keeps fewer bits than the scores), so it is
-// capped at 0: a probability never exceeds 1.
+// s - shift <= 0 and each term <= 1. A difference above -resolution is taken as 0: rounding may
+// put it a hair above 0 at ordinary logits, and at huge ones (a huge softmax scale, where the
+// LSE keeps fewer bits than the scores) anywhere in +-|LSE| 2^-24, which would turn the
+// one-hot softmax such a row has into zeros or overflows. So no probability exceeds 1, and the
+// row's largest one is 1 when the LSE cannot resolve it from 1.
 inline float exp_row(float* s, int64_t n, Shift shift) {
   vf sum{};
-  const vf hi = splat(shift.hi), lo = splat(shift.lo);
+  const vf hi = splat(shift.hi), lo = splat(shift.lo), floor = splat(-shift.resolution);
   for (int64_t j = 0; j < n; j += W) {
     vf x = (vload(s + j) - hi) - lo;
-    x = select(x > vf{}, vf{}, x);
+    x = select(x > floor, vf{}, x);
     const vf e = exp2v(x);
     vstore(s + j, e);
     sum += e;
@@ -468,7 +478,7 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
     if (mx == kNegInf) {
       fill_row(s, 0, nkp, 0.0f);
     } else {
-      const float sum = exp_row(s, nkp, Shift{mx, 0.0f});
+      const float sum = exp_row(s, nkp, Shift{mx, 0.0f, 0.0f});
       scale_row(s, nkp, 1.0f / sum);
       lse = natural_lse(mx, sum);
     }
@@ -602,7 +612,7 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
           const int64_t lim =
               std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
           const int64_t row = row_base + i0 + r;
-          probs_row(P + r * kBlockK, lim, ncp, Shift{lse2_all[row], lse2_lo_all[row]});
+          probs_row(P + r * kBlockK, lim, ncp, lse_shift(lse2_all[row], lse2_lo_all[row]));
           ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row_base + i0 + r]);
         }
         gemm(ncols, dp, rows, P, 1, kBlockK, dO, dp, dV, dp, true);
@@ -691,7 +701,7 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
   gemm(rows, nkp, d, Qs, dp, 1, Kt, nkp, P, nkp, false);
   gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
   for (int r = 0; r < rows; ++r) {
-    probs_row(P + r * nkp, visible_keys(p, i0 + r), nkp, Shift{lse2[r], lse2_lo[r]});
+    probs_row(P + r * nkp, visible_keys(p, i0 + r), nkp, lse_shift(lse2[r], lse2_lo[r]));
     ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
   }
   gemm(rows, dp, p.seqlen_k, dS, nkp, 1, K, dp, dQ, dp, false);
