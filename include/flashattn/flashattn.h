@@ -361,7 +361,9 @@ FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
  * configuration. Data pointers may be NULL. 0 means none.
  * \retval FLASHATTN_SUCCESS
  * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL
- * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported */
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY     the workspace this configuration needs is too large
+ *                                           for a size_t (such a call could never run) */
 FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t *out, flashattn_context_t ctx,
                                                           const flashattn_tensor_t *q,
                                                           const flashattn_tensor_t *k,
@@ -388,7 +390,8 @@ FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t *out, flashattn
  * \retval FLASHATTN_ERROR_WORKSPACE_TOO_SMALL  workspace_size below the query's answer
  * \retval FLASHATTN_ERROR_CONTEXT_BUSY         another thread is using ctx
  * \retval FLASHATTN_ERROR_UNSUPPORTED          dtype, head dim or device not supported here
- * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host scratch could not be allocated
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host scratch could not be allocated (or would
+ *                                              need more than a size_t holds)
  * \retval FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY device scratch could not be allocated
  * \retval FLASHATTN_ERROR_DEVICE               a launch or CUDA library call failed */
 FLASHATTN_API flashattn_status_t flashattn_forward(flashattn_context_t ctx,
