@@ -20,6 +20,10 @@
  *  - A context is used by one thread at a time (its buffers too). A second thread entering a
  *    context that is in use gets FLASHATTN_ERROR_CONTEXT_BUSY and nothing happens. Different
  *    contexts are independent and may be used from different threads at once.
+ *  - fork(): a child process may go on using the CPU contexts and buffers it inherited (a CPU
+ *    context starts its threads anew there). A context that another thread of the parent was
+ *    using at the moment of the fork stays busy in the child (FLASHATTN_ERROR_CONTEXT_BUSY).
+ *    CUDA contexts follow CUDA's rule: use them only in the process that created them.
  *  - "Host memory" is ordinary CPU memory; "device memory" is memory of the context's GPU.
  *    For a CPU context every tensor lives in host memory; for a CUDA context in device memory
  *    of the context's device (cudaMalloc'd, managed, or a flashattn buffer).
