@@ -320,7 +320,7 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
  * head_dim <= 256) can take a score scale * q.k, nor its base-2 form scale * log2(e) * q.k,
  * past fp32's range, so finite fp16 inputs give finite results; at it the softmax of ordinary
  * inputs is one-hot, the limit of any larger scale. (Large float32 and bfloat16 inputs can
- * overflow a score at any scale.) */
+ * overflow a score at any scale: see "Non-finite values" below.) */
 #define FLASHATTN_MAX_SOFTMAX_SCALE 1e26f
 
 typedef struct flashattn_options {
@@ -345,7 +345,16 @@ FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out
 /* Attention. Shapes: q [B, Nq, Hq, D], k and v [B, Nk, Hkv, D], Hq a multiple of Hkv (GQA/MQA:
  * query head h reads key/value head h / (Hq / Hkv)), 1 <= D <= 256. out, dout, dq like q; dk,
  * dv like k; lse [B, Hq, Nq] FLOAT32. q, k, v and every output share one dtype. A query row that
- * the causal mask leaves no key gets output 0 and LSE -inf. */
+ * the causal mask leaves no key gets output 0 and LSE -inf.
+ *
+ * Non-finite values. Scores scale * q.k are computed in fp32; one past fp32's range counts as
+ * infinite. A NaN or an infinity where the causal mask hides it never reaches a result: a key a
+ * query row does not see adds nothing to that row's output, LSE and dq, and the row nothing to
+ * that key's dk and dv; a row that sees no key gets output 0, LSE -inf and dq 0, and adds
+ * nothing to any dk or dv, whatever its q, dout and out hold. A NaN or an infinity where a row
+ * sees it (in that row's q or dout, in k or v of a key it sees, or in its out for the backward)
+ * may make every result computed from it NaN or infinite, as the arithmetic gives: that row's
+ * output and LSE; its dq; the dk and dv of the keys it sees. */
 
 /* Is this configuration supported by ctx (and, for the backward, `backward` = 1)? Only shapes,
  * dtypes, strides and options are examined; data pointers may be NULL.

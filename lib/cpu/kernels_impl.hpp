@@ -144,6 +144,44 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t 
   }
 }
 
+// Per-row depth ranges [lo, hi) of gemm_ranges: a tile has at most kBlockQ query rows and
+// kBlockK keys.
+struct Ranges {
+  static constexpr int kRows = kBlockQ > kBlockK ? kBlockQ : kBlockK;
+  int64_t lo[kRows] = {};
+  int64_t hi[kRows] = {};
+};
+
+// C[M x N] (+)= A B as gemm(), but row m of C takes only the terms k in [lo[m], hi[m]) of its
+// dot products: the terms a causal mask hides are never multiplied, so a NaN or infinity there
+// (in A or B) cannot reach C as 0 * inf. Each row still sums its terms in ascending k, one fused
+// multiply-add each, so on finite values the result is gemm()'s over the whole depth (which adds
+// only zeros past a row's range). The depth all rows share runs as one gemm; the rest per row.
+void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int64_t sam,
+                 int64_t sak, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t* lo = ranges.lo;
+  const int64_t* hi = ranges.hi;
+  int64_t shared_lo = lo[0], shared_hi = hi[0];
+  for (int64_t m = 1; m < M; ++m) {
+    shared_lo = std::max(shared_lo, lo[m]);
+    shared_hi = std::min(shared_hi, hi[m]);
+  }
+  if (!accumulate) {
+    for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
+  }
+  const auto row_part = [&](int64_t m, int64_t k0, int64_t k1) {
+    if (k1 > k0) gemm(1, N, k1 - k0, A + m * sam + k0 * sak, sam, sak, B + k0 * ldb, ldb, C + m * ldc, ldc, true);
+  };
+  if (shared_lo >= shared_hi) {
+    for (int64_t m = 0; m < M; ++m) row_part(m, lo[m], hi[m]);
+    return;
+  }
+  for (int64_t m = 0; m < M; ++m) row_part(m, lo[m], shared_lo);
+  gemm(M, N, shared_hi - shared_lo, A + shared_lo * sak, sam, sak, B + shared_lo * ldb, ldb, C, ldc,
+       true);
+  for (int64_t m = 0; m < M; ++m) row_part(m, shared_hi, hi[m]);
+}
+
 // ---- Rows -----------------------------------------------------------------------------------
 
 inline float row_max(const float* s, int64_t n) {
@@ -285,6 +323,27 @@ inline int64_t visible_keys(const Problem& p, int64_t i) {
   return std::min<int64_t>(p.seqlen_k, std::max<int64_t>(0, i + p.seqlen_k - p.seqlen_q + 1));
 }
 
+// The depth ranges of gemm_ranges for query rows [i0, i0 + rows) against keys [j0, j0 + ncols),
+// tile-relative. Per query row (rows <= kBlockQ): the keys it sees, [0, hi).
+inline Ranges keys_seen(const Problem& p, int64_t i0, int rows, int64_t j0, int64_t ncols) {
+  Ranges r;
+  for (int i = 0; i < rows; ++i) {
+    r.hi[i] = std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + i) - j0));
+  }
+  return r;
+}
+// Per key (ncols <= kBlockK): the query rows that see it, [lo, rows); query i sees key j when
+// i >= j - (seqlen_k - seqlen_q).
+inline Ranges rows_seeing(const Problem& p, int64_t i0, int64_t rows, int64_t j0, int ncols) {
+  Ranges r;
+  for (int j = 0; j < ncols; ++j) {
+    const int64_t first = p.causal ? j0 + j - (p.seqlen_k - p.seqlen_q) : 0;
+    r.lo[j] = std::min<int64_t>(rows, std::max<int64_t>(0, first - i0));
+    r.hi[j] = rows;
+  }
+  return r;
+}
+
 struct Thread {
   char* base;
   float* at(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
@@ -356,7 +415,8 @@ void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const fl
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dp, dp, alpha[r]);
   }
-  gemm(q.rows, dp, ncols, St, 1, kBlockQ, V, dp, q.O, dp, true);
+  gemm_ranges(q.rows, dp, keys_seen(p, q.i0, q.rows, j0, ncols), St, 1, kBlockQ, V, dp, q.O, dp,
+              true);
 }
 
 template <class E>
@@ -415,6 +475,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     const QueryTile& q = tiles[s];
     for (int r = 0; r < q.rows; ++r) {
       // l is 0 only for a row that sees no key: output 0, LSE -inf.
+      if (q.l[r] == 0.0f) std::fill(q.O + r * dp, q.O + r * dp + d, 0.0f);
       const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
       store_row<E>(out_row<E>(a.out, b, q.i0 + r, h), q.O + r * dp, d, inv);
       if (a.lse.data != nullptr) {
@@ -484,7 +545,7 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
     }
     if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i0 + r) = lse;
   }
-  gemm(rows, dp, p.seqlen_k, S, nkp, 1, V, dp, O, dp, false);
+  gemm_ranges(rows, dp, keys_seen(p, i0, rows, 0, p.seqlen_k), S, nkp, 1, V, dp, O, dp, false);
   for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, 1.0f);
 }
 
@@ -608,16 +669,16 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
         }
         gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, d, dO, dp, 1, Vt, kBlockK, dS, kBlockK, false);
+        const Ranges keys = keys_seen(p, i0, rows, j0, ncols);
+        const Ranges queries = rows_seeing(p, i0, rows, j0, ncols);
         for (int r = 0; r < rows; ++r) {
-          const int64_t lim =
-              std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
           const int64_t row = row_base + i0 + r;
-          probs_row(P + r * kBlockK, lim, ncp, lse_shift(lse2_all[row], lse2_lo_all[row]));
-          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row_base + i0 + r]);
+          probs_row(P + r * kBlockK, keys.hi[r], ncp, lse_shift(lse2_all[row], lse2_lo_all[row]));
+          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row]);
         }
-        gemm(ncols, dp, rows, P, 1, kBlockK, dO, dp, dV, dp, true);
-        gemm(ncols, dp, rows, dS, 1, kBlockK, Q, dp, dK, dp, true);
-        gemm(rows, dp, ncols, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
+        gemm_ranges(ncols, dp, queries, P, 1, kBlockK, dO, dp, dV, dp, true);
+        gemm_ranges(ncols, dp, queries, dS, 1, kBlockK, Q, dp, dK, dp, true);
+        gemm_ranges(rows, dp, keys, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
       }
     }
     for (int j = 0; j < ncols; ++j) {
@@ -700,11 +761,12 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
   }
   gemm(rows, nkp, d, Qs, dp, 1, Kt, nkp, P, nkp, false);
   gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
+  const Ranges keys = keys_seen(p, i0, rows, 0, p.seqlen_k);
   for (int r = 0; r < rows; ++r) {
-    probs_row(P + r * nkp, visible_keys(p, i0 + r), nkp, lse_shift(lse2[r], lse2_lo[r]));
+    probs_row(P + r * nkp, keys.hi[r], nkp, lse_shift(lse2[r], lse2_lo[r]));
     ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
   }
-  gemm(rows, dp, p.seqlen_k, dS, nkp, 1, K, dp, dQ, dp, false);
+  gemm_ranges(rows, dp, keys, dS, nkp, 1, K, dp, dQ, dp, false);
   for (int r = 0; r < rows; ++r)
     store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
 }
@@ -722,14 +784,15 @@ void standard_dkv_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
   const Thread t = thread_area(pl, ws, worker);
   float* dK = t.at(pl.t_dk);
   float* dV = t.at(pl.t_dv);
+  const Ranges queries = rows_seeing(p, 0, Nq, j0, ncols);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t row0 = (b * p.heads_q + hk * G + g) * Nq;
     const float* P = shared_at(ws, pl.s_all) + row0 * nkp + j0;
     const float* dS = shared_at(ws, pl.ds_all) + row0 * nkp + j0;
     const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
     const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
-    gemm(ncols, dp, Nq, P, 1, nkp, dO, dp, dV, dp, g > 0);
-    gemm(ncols, dp, Nq, dS, 1, nkp, Q, dp, dK, dp, g > 0);
+    gemm_ranges(ncols, dp, queries, P, 1, nkp, dO, dp, dV, dp, g > 0);
+    gemm_ranges(ncols, dp, queries, dS, 1, nkp, Q, dp, dK, dp, g > 0);
   }
   for (int j = 0; j < ncols; ++j) {
     store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
