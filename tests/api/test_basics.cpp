@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include "api_helpers.hpp"
 
 using namespace api_test;
@@ -327,6 +329,20 @@ TEST_SUITE("cuda") {
     const std::string msg = flashattn_last_error();
     CHECK(contains(msg, "flashattn_context_create: "));
     CHECK(msg.size() > std::strlen("flashattn_context_create: CUDA"));  // says why
+  }
+
+  TEST_CASE("on a machine without an NVIDIA driver, the message says so") {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver != nullptr) dlclose(driver);
+    if (!flashattn_has_cuda() || driver != nullptr) {
+      MESSAGE("CUDA not compiled in, or a driver is installed: nothing to check here");
+      return;
+    }
+    flashattn_context_t ctx = nullptr;
+    EXPECT_STATUS(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, 0),
+                  FLASHATTN_ERROR_BACKEND_UNAVAILABLE,
+                  "no NVIDIA driver was found (libcuda.so.1 cannot be loaded)");
+    CHECK(ctx == nullptr);
   }
 
   TEST_CASE("a CUDA device ordinal past the last device is unavailable") {
