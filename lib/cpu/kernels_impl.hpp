@@ -170,7 +170,9 @@ void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int
     for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
   }
   const auto row_part = [&](int64_t m, int64_t k0, int64_t k1) {
-    if (k1 > k0) gemm(1, N, k1 - k0, A + m * sam + k0 * sak, sam, sak, B + k0 * ldb, ldb, C + m * ldc, ldc, true);
+    if (k1 <= k0) return;
+    gemm(1, N, k1 - k0, A + m * sam + k0 * sak, sam, sak, B + k0 * ldb, ldb, C + m * ldc, ldc,
+         true);
   };
   if (shared_lo >= shared_hi) {
     for (int64_t m = 0; m < M; ++m) row_part(m, lo[m], hi[m]);

@@ -280,10 +280,12 @@ TEST_SUITE("cpu_options") {
          {FLASHATTN_DTYPE_FLOAT32, FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
       for (float scale : {FLASHATTN_MAX_SOFTMAX_SCALE, -FLASHATTN_MAX_SOFTMAX_SCALE})
         for (bool causal : {false, true})
-          for (flashattn_algorithm_t alg : {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+          for (flashattn_algorithm_t alg :
+               {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
             Case c = make(dtype, 1, 70, 90, 2, 1, 24, causal);
             c.scale = scale;
-            INFO(c.name() << std::string(alg == FLASHATTN_ALGORITHM_FLASH ? " flash" : " standard"));
+            const char* algorithm = alg == FLASHATTN_ALGORITHM_FLASH ? " flash" : " standard";
+            INFO(c.name() << std::string(algorithm));
             CpuContext ctx(2);
             const Inputs in = make_inputs(c);
             const ForwardResult f = run_forward(ctx.get(), c, in, alg);

@@ -76,18 +76,21 @@ TEST_SUITE("cpu_precision") {
             naive_fp32_backward(p, q, k, v, g, &naive[0], &naive[1], &naive[2]);
             const double floor = std::max(dtype_atol(FLASHATTN_DTYPE_FLOAT32), lse_rounding(lse));
             CpuContext ctx;
-            for (flashattn_algorithm_t alg : {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+            for (flashattn_algorithm_t alg :
+                 {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
               const ForwardResult fwd = run_forward(ctx.get(), c, in, alg);
               const BackwardResult r = run_backward(ctx.get(), c, in, fwd, alg);
               const std::vector<double> got[3] = {r.dq.to_double(), r.dk.to_double(),
                                                   r.dv.to_double()};
               const char* const names[3] = {"dq", "dk", "dv"};
               for (int w = 0; w < 3; ++w) {
-                const std::string what = std::string(alg == FLASHATTN_ALGORITHM_FLASH ? "flash "
-                                                                                      : "standard ") +
-                                         names[w];
+                const char* algorithm = alg == FLASHATTN_ALGORITHM_FLASH ? "flash " : "standard ";
+                const std::string what = std::string(algorithm) + names[w];
                 const Comparison cmp = check_rule(what, got[w], naive[w], ref[w], floor);
-                if (verbose) std::printf("%s logits x%g | %s\n", c.name().c_str(), f * f, cmp.message.c_str());
+                if (verbose) {
+                  std::printf("%s logits x%g | %s\n", c.name().c_str(), f * f,
+                              cmp.message.c_str());
+                }
                 CHECK_MESSAGE(cmp.ok, c.name(), " logits x", f * f, ": ", cmp.message);
                 const Comparison base = check_close(what, naive[w], ref[w], 0.0);
                 if (base.error > 0) worst_ratio = std::max(worst_ratio, cmp.error / base.error);

@@ -957,8 +957,9 @@ class Harness {
     const uint8_t fields = in_.u8();
     if (fields & 1) {
       // Ordinary, tiny, the largest accepted (both signs), refused and non-finite scales.
-      static const float kScales[] = {0.0f, 1.0f, 0.125f, -1.0f, 1e-30f, FLASHATTN_MAX_SOFTMAX_SCALE,
-                                      1e-45f, std::numeric_limits<float>::max(),
+      static const float kScales[] = {0.0f, 1.0f, 0.125f, -1.0f, 1e-30f,
+                                      FLASHATTN_MAX_SOFTMAX_SCALE, 1e-45f,
+                                      std::numeric_limits<float>::max(),
                                       -FLASHATTN_MAX_SOFTMAX_SCALE,
                                       std::numeric_limits<float>::quiet_NaN(),
                                       std::numeric_limits<float>::infinity(),

@@ -287,6 +287,36 @@ RefProblem ref_of(const Case& c) {
   return r;
 }
 
+flashattn::ForwardArgs forward_args(const Case& c, const Inputs& in, const HostTensor& out,
+                                    const HostTensor& lse) {
+  flashattn::ForwardArgs a;
+  a.problem = problem_of(c);
+  a.q = tensor4(in.q);
+  a.k = tensor4(in.k);
+  a.v = tensor4(in.v);
+  a.out = tensor4(out);
+  a.lse = lse_view(lse);
+  return a;
+}
+
+flashattn::BackwardArgs backward_args(const Case& c, const Inputs& in, const HostTensor& out,
+                                      const HostTensor& dout, const HostTensor& lse,
+                                      const HostTensor& dq, const HostTensor& dk,
+                                      const HostTensor& dv) {
+  flashattn::BackwardArgs a;
+  a.problem = problem_of(c);
+  a.q = tensor4(in.q);
+  a.k = tensor4(in.k);
+  a.v = tensor4(in.v);
+  a.out = tensor4(out);
+  a.dout = tensor4(dout);
+  a.lse = lse_view(lse);
+  a.dq = tensor4(dq);
+  a.dk = tensor4(dk);
+  a.dv = tensor4(dv);
+  return a;
+}
+
 flashattn::cuda::standard::Context host_context() {
   static flashattn::cuda::CublasApi api = [] {
     flashattn::cuda::CublasApi a;
@@ -344,13 +374,7 @@ TEST_CASE("forward: the orchestration matches the emulated algorithm") {
     lse.poison();
     const auto before = out.snapshot();
 
-    flashattn::ForwardArgs a;
-    a.problem = p;
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(out);
-    a.lse = lse_view(lse);
+    const flashattn::ForwardArgs a = forward_args(c, in, out, lse);
     Workspace ws(flashattn::cuda::standard::workspace_size(p, false));
     g_gemm_calls = 0;
     g_gemm_error.clear();
@@ -397,17 +421,7 @@ TEST_CASE("backward: the orchestration matches the emulated algorithm") {
     dv.poison();
     const auto dq_before = dq.snapshot(), dk_before = dk.snapshot(), dv_before = dv.snapshot();
 
-    flashattn::BackwardArgs a;
-    a.problem = p;
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(out);
-    a.dout = tensor4(dout);
-    a.lse = lse_view(lse);
-    a.dq = tensor4(dq);
-    a.dk = tensor4(dk);
-    a.dv = tensor4(dv);
+    const flashattn::BackwardArgs a = backward_args(c, in, out, dout, lse, dq, dk, dv);
     Workspace ws(flashattn::cuda::standard::workspace_size(p, true));
     g_gemm_calls = 0;
     g_gemm_error.clear();
@@ -449,28 +463,12 @@ struct MaskedProblem {
                Layout::Contiguous};
 
   Inputs inputs() const { return make_inputs(c); }
-  static void poison_key(HostTensor* t) {
-    t->set(0, kKey, 0, 0, INFINITY);
-    t->set(0, kKey, 0, 1, NAN);
-    t->set(0, kKey, 0, 2, -INFINITY);
-  }
-  static void poison_keyless_rows(HostTensor* t) {
-    for (int64_t h = 0; h < t->shape(2); ++h)
-      for (int64_t i = 0; i < kNoKeyRows; ++i) {
-        t->set(0, i, h, 0, NAN);
-        t->set(0, i, h, 1, INFINITY);
-      }
-  }
+  static void poison_key(HostTensor* t) { t->set_nonfinite_row(kKey); }
+  static void poison_keyless_rows(HostTensor* t) { t->set_nonfinite_rows(kNoKeyRows); }
   void forward(const Inputs& in, HostTensor* out, HostTensor* lse) const {
     *out = like(c, c.nq, c.hq);
     *lse = HostTensor::lse(c.b, c.hq, c.nq);
-    flashattn::ForwardArgs a;
-    a.problem = problem_of(c);
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(*out);
-    a.lse = lse_view(*lse);
+    const flashattn::ForwardArgs a = forward_args(c, in, *out, *lse);
     Workspace ws(flashattn::cuda::standard::workspace_size(a.problem, false));
     flashattn::cuda::standard::forward(a, ws.data(), ws.size(), host_context());
   }
@@ -479,17 +477,8 @@ struct MaskedProblem {
     grads[0] = like(c, c.nq, c.hq);
     grads[1] = like(c, c.nk, c.hkv);
     grads[2] = like(c, c.nk, c.hkv);
-    flashattn::BackwardArgs a;
-    a.problem = problem_of(c);
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(out);
-    a.dout = tensor4(dout);
-    a.lse = lse_view(lse);
-    a.dq = tensor4(grads[0]);
-    a.dk = tensor4(grads[1]);
-    a.dv = tensor4(grads[2]);
+    const flashattn::BackwardArgs a =
+        backward_args(c, in, out, dout, lse, grads[0], grads[1], grads[2]);
     Workspace ws(flashattn::cuda::standard::workspace_size(a.problem, true));
     flashattn::cuda::standard::backward(a, ws.data(), ws.size(), host_context());
   }
@@ -501,7 +490,9 @@ int64_t rows_differing(const HostTensor& got, const HostTensor& want, int64_t ro
   int64_t n = 0;
   for (int64_t i = 0; i < rows_end; ++i)
     for (int64_t h = 0; h < got.shape(2) && i != skip; ++h)
-      for (int64_t x = 0; x < got.shape(3); ++x) n += !(got.get(0, i, h, x) == want.get(0, i, h, x));
+      for (int64_t x = 0; x < got.shape(3); ++x) {
+        n += !(got.get(0, i, h, x) == want.get(0, i, h, x));
+      }
   return n;
 }
 

@@ -17,7 +17,6 @@ using gpu_test::HostTensor;
 using gpu_test::Layout;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Causal, Nq > Nk: query i sees keys [0, i - 99]; rows 0..99 see none. Key 100 is first seen by
 // row 200; rows 128..199 share query tiles with rows that see it in every kernel's tiling.
@@ -27,19 +26,8 @@ Case masked_case(flashattn_dtype_t dtype, int64_t head_dim) {
   return Case{"masked", dtype, 1, kNq, kNk, 2, 1, head_dim, true, 0.0f, Layout::Contiguous};
 }
 
-void poison_key(HostTensor* t) {
-  t->set(0, kKey, 0, 0, kInf);
-  t->set(0, kKey, 0, 1, kNaN);
-  t->set(0, kKey, 0, 2, -kInf);
-}
-
-void poison_keyless_rows(HostTensor* t) {
-  for (int64_t h = 0; h < t->shape(2); ++h)
-    for (int64_t i = 0; i < kNoKeyRows; ++i) {
-      t->set(0, i, h, 0, kNaN);
-      t->set(0, i, h, 1, kInf);
-    }
-}
+void poison_key(HostTensor* t) { t->set_nonfinite_row(kKey); }
+void poison_keyless_rows(HostTensor* t) { t->set_nonfinite_rows(kNoKeyRows); }
 
 // Rows [0, rows_end) but `skip` of a [1, N, H, D] result, as doubles.
 std::vector<double> rows_of(const HostTensor& t, int64_t rows_end, int64_t skip = -1) {
@@ -181,9 +169,12 @@ TEST_CASE("backward: a NaN or infinity the mask hides never reaches dq, dk or dv
         poison_keyless_rows(&poisoned_out);
         poison_keyless_rows(&poisoned_dout);
         REQUIRE(backward(c, alg, in, poisoned_out, lse, poisoned_dout, got));
-        expect_close("dq, keyless rows poisoned", rows_of(got[0], kNq), rows_of(want[0], kNq), dtype);
-        expect_close("dk, keyless rows poisoned", rows_of(got[1], kNk), rows_of(want[1], kNk), dtype);
-        expect_close("dv, keyless rows poisoned", rows_of(got[2], kNk), rows_of(want[2], kNk), dtype);
+        expect_close("dq, keyless rows poisoned", rows_of(got[0], kNq), rows_of(want[0], kNq),
+                     dtype);
+        expect_close("dk, keyless rows poisoned", rows_of(got[1], kNk), rows_of(want[1], kNk),
+                     dtype);
+        expect_close("dv, keyless rows poisoned", rows_of(got[2], kNk), rows_of(want[2], kNk),
+                     dtype);
       }
 }
 

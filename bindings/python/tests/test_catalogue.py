@@ -68,7 +68,8 @@ def _int32(value, what):
 
 def _float(text):
     """The binary32 value of a float field: the literal rounded to float32, as C's strtof does."""
-    return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(text) or float(np.float32(text))
+    special = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+    return special[text] if text in special else float(np.float32(text))
 
 
 class Call:

@@ -1,5 +1,6 @@
 // Kernels of the standard (materialized) algorithm: layout copies, the masked row softmax, the
-// softmax gradient, and the pass that keeps masked non-finite values out of the GEMMs' results. Simple, memory-bound, and exact in fp32 arithmetic:
+// softmax gradient, and the pass that keeps masked non-finite values out of the GEMMs' results.
+// Simple, memory-bound, and exact in fp32 arithmetic:
 // expf/logf (no fast-math), no atomics, so results are the same run after run.
 #include "cuda/standard/standard_kernels.hpp"
 
