@@ -318,9 +318,10 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
 /* The largest |softmax_scale| accepted; beyond it every operation returns
  * FLASHATTN_ERROR_INVALID_ARGUMENT (on every backend). Up to it no fp16 input (|x| <= 65504,
  * head_dim <= 256) can take a score scale * q.k, nor its base-2 form scale * log2(e) * q.k,
- * past fp32's range, so finite fp16 inputs give finite results; at it the softmax of ordinary
- * inputs is one-hot, the limit of any larger scale. (Large float32 and bfloat16 inputs can
- * overflow a score at any scale: see "Non-finite values" below.) */
+ * past fp32's range, so finite fp16 inputs give finite outputs and LSEs; at it the softmax of
+ * ordinary inputs is one-hot, the limit of any larger scale. dq and dk carry the scale as a
+ * factor: like any result they round to infinity where they pass their dtype's range. (Large
+ * float32 and bfloat16 inputs can overflow a score at any scale: see "Non-finite values".) */
 #define FLASHATTN_MAX_SOFTMAX_SCALE 1e26f
 
 typedef struct flashattn_options {
