@@ -12,9 +12,18 @@
  *  - Output parameters come first and are called `out`. On failure `*out` is left unchanged.
  *  - No function throws, aborts or exits; bad input returns a status.
  *  - Handles are opaque. `*_destroy(NULL)` is a no-op that returns FLASHATTN_SUCCESS.
+ *  - A stale handle (destroyed already, or never returned by a create function) is refused
+ *    like NULL, with FLASHATTN_ERROR_INVALID_ARGUMENT, by every function, destroy included: the
+ *    library never reads it. Wherever a line below says "ctx is NULL" or "buf is NULL", a stale
+ *    handle is meant too. (A later create may return the address of a destroyed handle again;
+ *    the old handle then names the new object.)
  *  - A context is used by one thread at a time (its buffers too). A second thread entering a
  *    context that is in use gets FLASHATTN_ERROR_CONTEXT_BUSY and nothing happens. Different
  *    contexts are independent and may be used from different threads at once.
+ *  - fork(): a child process may go on using the CPU contexts and buffers it inherited (a CPU
+ *    context starts its threads anew there). A context that another thread of the parent was
+ *    using at the moment of the fork stays busy in the child (FLASHATTN_ERROR_CONTEXT_BUSY).
+ *    CUDA contexts follow CUDA's rule: use them only in the process that created them.
  *  - "Host memory" is ordinary CPU memory; "device memory" is memory of the context's GPU.
  *    For a CPU context every tensor lives in host memory; for a CUDA context in device memory
  *    of the context's device (cudaMalloc'd, managed, or a flashattn buffer).
@@ -157,8 +166,10 @@ FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t *o
  * they are destroyed themselves (a buffer keeps what it needs alive), so contexts and buffers
  * may be destroyed in any order. NULL is a no-op. Must not race with another call on ctx.
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_DEVICE  waiting for the stream reported an earlier asynchronous error
- *                                 (the context is destroyed all the same) */
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx is stale (destroyed already); nothing happens
+ * \retval FLASHATTN_ERROR_DEVICE            waiting for the stream reported an earlier
+ *                                           asynchronous error (the context is destroyed all
+ *                                           the same) */
 FLASHATTN_API flashattn_status_t flashattn_context_destroy(flashattn_context_t ctx);
 
 /* The backend the context runs on (CPU or CUDA; AUTO is resolved at creation).
@@ -207,7 +218,8 @@ FLASHATTN_API flashattn_status_t flashattn_context_synchronize(flashattn_context
 /* ------------------------------------------------------------------------------------------ */
 /* Buffers: memory owned by the library, for callers with no array type of their own. A CUDA
  * context's buffers are device memory of its device; a CPU context's are host memory. Both are
- * aligned to 256 bytes. A view whose data lies in a buffer is checked against the buffer's end.
+ * aligned to 256 bytes. A view whose data lies in a buffer, at its end or up to 256 bytes past
+ * it, is checked against the buffer's end: FLASHATTN_ERROR_INVALID_MEMORY when it does not fit.
  * A CUDA buffer may be used only with the context that created it (another context's work would
  * not be ordered against the stream the buffer is freed on): FLASHATTN_ERROR_INVALID_MEMORY. */
 
@@ -226,8 +238,9 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t *out
 /* Frees a buffer after the work enqueued on its context's stream has finished. Never refused
  * for a busy context (finalizers may call it from any thread). NULL is a no-op.
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_DEVICE  freeing reported an earlier asynchronous error (the buffer is
- *                                 released all the same) */
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  buf is stale (destroyed already); nothing happens
+ * \retval FLASHATTN_ERROR_DEVICE            freeing reported an earlier asynchronous error (the
+ *                                           buffer is released all the same) */
 FLASHATTN_API flashattn_status_t flashattn_buffer_destroy(flashattn_buffer_t buf);
 
 /* Copies `bytes` from host memory `src` to the buffer at byte `offset`, ordered after the work
@@ -302,9 +315,19 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
  * end); a larger size from a newer header is accepted when the bytes it does not know are all
  * zero. */
 
+/* The largest |softmax_scale| accepted; beyond it every operation returns
+ * FLASHATTN_ERROR_INVALID_ARGUMENT (on every backend). Up to it no fp16 input (|x| <= 65504,
+ * head_dim <= 256) can take a score scale * q.k, nor its base-2 form scale * log2(e) * q.k,
+ * past fp32's range, so finite fp16 inputs give finite outputs and LSEs; at it the softmax of
+ * ordinary inputs is one-hot, the limit of any larger scale. dq and dk carry the scale as a
+ * factor: like any result they round to infinity where they pass their dtype's range. (Large
+ * float32 and bfloat16 inputs can overflow a score at any scale: see "Non-finite values".) */
+#define FLASHATTN_MAX_SOFTMAX_SCALE 1e26f
+
 typedef struct flashattn_options {
   size_t size;             /* sizeof(flashattn_options_t) as the caller compiled it */
-  float softmax_scale;     /* 0 (default): 1/sqrt(head_dim); else used as given (finite) */
+  float softmax_scale;     /* 0 (default): 1/sqrt(head_dim); else used as given (finite, at most
+                              FLASHATTN_MAX_SOFTMAX_SCALE in magnitude) */
   int32_t causal;          /* 0 or 1; 1 masks key j for query i when j > i + seqlen_k - seqlen_q
                               (bottom-right aligned, as FlashAttention-2 and cuDNN) */
   flashattn_algorithm_t algorithm; /* FLASH (default) or STANDARD */
@@ -323,13 +346,23 @@ FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out
 /* Attention. Shapes: q [B, Nq, Hq, D], k and v [B, Nk, Hkv, D], Hq a multiple of Hkv (GQA/MQA:
  * query head h reads key/value head h / (Hq / Hkv)), 1 <= D <= 256. out, dout, dq like q; dk,
  * dv like k; lse [B, Hq, Nq] FLOAT32. q, k, v and every output share one dtype. A query row that
- * the causal mask leaves no key gets output 0 and LSE -inf. */
+ * the causal mask leaves no key gets output 0 and LSE -inf.
+ *
+ * Non-finite values. Scores scale * q.k are computed in fp32; one past fp32's range counts as
+ * infinite. A NaN or an infinity where the causal mask hides it never reaches a result: a key a
+ * query row does not see adds nothing to that row's output, LSE and dq, and the row nothing to
+ * that key's dk and dv; a row that sees no key gets output 0, LSE -inf and dq 0, and adds
+ * nothing to any dk or dv, whatever its q, dout and out hold. A NaN or an infinity where a row
+ * sees it (in that row's q or dout, in k or v of a key it sees, or in its out for the backward)
+ * may make every result computed from it NaN or infinite, as the arithmetic gives: that row's
+ * output and LSE; its dq; the dk and dv of the keys it sees. */
 
 /* Is this configuration supported by ctx (and, for the backward, `backward` = 1)? Only shapes,
  * dtypes, strides and options are examined; data pointers may be NULL.
  * \retval FLASHATTN_SUCCESS            supported
  * \retval FLASHATTN_ERROR_UNSUPPORTED  valid, but not implemented for this backend or device
- * \retval FLASHATTN_ERROR_INVALID_*    the views or options are wrong (the message says how) */
+ * \retval FLASHATTN_ERROR_INVALID_*    ctx is NULL (INVALID_ARGUMENT), or the views or options
+ *                                     are wrong (the message says how) */
 FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
                                                      const flashattn_tensor_t *q,
                                                      const flashattn_tensor_t *k,
@@ -342,7 +375,9 @@ FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
  * configuration. Data pointers may be NULL. 0 means none.
  * \retval FLASHATTN_SUCCESS
  * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL
- * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported */
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY     the workspace this configuration needs is too large
+ *                                           for a size_t (such a call could never run) */
 FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t *out, flashattn_context_t ctx,
                                                           const flashattn_tensor_t *q,
                                                           const flashattn_tensor_t *k,
@@ -369,7 +404,8 @@ FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t *out, flashattn
  * \retval FLASHATTN_ERROR_WORKSPACE_TOO_SMALL  workspace_size below the query's answer
  * \retval FLASHATTN_ERROR_CONTEXT_BUSY         another thread is using ctx
  * \retval FLASHATTN_ERROR_UNSUPPORTED          dtype, head dim or device not supported here
- * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host scratch could not be allocated
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY        host scratch could not be allocated (or would
+ *                                              need more than a size_t holds)
  * \retval FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY device scratch could not be allocated
  * \retval FLASHATTN_ERROR_DEVICE               a launch or CUDA library call failed */
 FLASHATTN_API flashattn_status_t flashattn_forward(flashattn_context_t ctx,

@@ -8,9 +8,9 @@
 
 #include <flashattn/flashattn.h>
 
-#include "api/buffer_registry.hpp"
 #include "api/handles.hpp"
 #include "api/last_error.hpp"
+#include "api/registry.hpp"
 #include "api/validate.hpp"
 
 namespace flashattn {
@@ -48,8 +48,20 @@ ContextUse::~ContextUse() { state_.busy.store(false, std::memory_order_release);
 
 namespace {
 
+// A handle that is not live (destroyed, or never made by this library) is refused before its
+// memory is read: INVALID_ARGUMENT rather than a use after free.
+[[noreturn]] void fail_not_live(flashattn_context_t) {
+  fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+       "ctx is not a live context (destroyed already, or not made by flashattn_context_create)");
+}
+[[noreturn]] void fail_not_live(flashattn_buffer_t) {
+  fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+       "buf is not a live buffer (destroyed already, or not made by flashattn_buffer_create)");
+}
+
 ContextState& state_of(flashattn_context_t ctx) {
-  if (ctx == nullptr || !ctx->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+  if (ctx == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+  if (!registry_contains(ctx)) fail_not_live(ctx);
   return *ctx->state;
 }
 
@@ -59,8 +71,14 @@ void require_out(T* out) {
 }
 
 void require_buffer(flashattn_buffer_t buf) {
-  if (buf == nullptr || !buf->state) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "buf is NULL");
+  if (buf == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "buf is NULL");
+  if (!registry_contains(buf)) fail_not_live(buf);
 }
+
+// Bytes allocated, and owned by the library, after each buffer's end. A view whose data lies
+// there (data + size, a few bytes on) is then recognised as the buffer's and refused, instead of
+// being taken for memory the caller owns: an allocator may place another block right at the end.
+constexpr size_t kBufferGuard = 256;
 
 void check_range(flashattn_buffer_t buf, size_t offset, size_t bytes) {
   size_t end;
@@ -92,7 +110,7 @@ void check_memory(const ContextState& state, const std::vector<CheckedView>& vie
              v.name);
       }
       const size_t offset = reinterpret_cast<uintptr_t>(v.view->data) - range.begin;
-      if (v.extent_bytes > range.size - offset) {
+      if (offset > range.size || v.extent_bytes > range.size - offset) {
         fail(FLASHATTN_ERROR_INVALID_MEMORY,
              "%s: the view spans %zu bytes from offset %zu, past the end of its %zu-byte buffer",
              v.name, v.extent_bytes, offset, range.size);
@@ -224,6 +242,12 @@ FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t* o
     }
     auto* ctx = new flashattn_context;
     ctx->state = std::move(state);
+    try {
+      registry_add(ctx);
+    } catch (...) {
+      delete ctx;
+      throw;
+    }
     *out = ctx;
   });
 }
@@ -231,9 +255,9 @@ FLASHATTN_API flashattn_status_t flashattn_context_create(flashattn_context_t* o
 FLASHATTN_API flashattn_status_t flashattn_context_destroy(flashattn_context_t ctx) {
   return guarded(__func__, [&] {
     if (ctx == nullptr) return;
+    if (!registry_remove(ctx)) fail_not_live(ctx);
     std::shared_ptr<ContextState> state = std::move(ctx->state);
     delete ctx;
-    if (!state) return;
     state->release_scratch();
     state->backend->synchronize();  // reports an earlier asynchronous error, if any
   });
@@ -300,10 +324,14 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t* out
     require_out(out);
     ContextState& state = state_of(ctx);
     if (bytes == 0) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes is 0");
+    size_t reserved;
+    if (__builtin_add_overflow(bytes, kBufferGuard, &reserved)) {
+      fail(FLASHATTN_ERROR_OUT_OF_MEMORY, "a buffer of %zu bytes cannot be represented", bytes);
+    }
     ContextUse use(state);
     auto* buf = new flashattn_buffer;
     try {
-      buf->data = state.backend->allocate(bytes);
+      buf->data = state.backend->allocate(reserved);
     } catch (...) {
       delete buf;
       throw;
@@ -311,7 +339,8 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t* out
     buf->state = ctx->state;
     buf->size = bytes;
     try {
-      registry_add(buf->data, bytes, buf->state.get());
+      registry_add(buf, RegisteredRange{reinterpret_cast<uintptr_t>(buf->data), bytes, reserved,
+                                        buf->state.get()});
     } catch (...) {
       state.backend->deallocate(buf->data);
       delete buf;
@@ -324,10 +353,8 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t* out
 FLASHATTN_API flashattn_status_t flashattn_buffer_destroy(flashattn_buffer_t buf) {
   return guarded(__func__, [&] {
     if (buf == nullptr) return;
-    if (buf->state) {
-      registry_remove(buf->data);
-      buf->state->backend->deallocate(buf->data);
-    }
+    if (!registry_remove(buf)) fail_not_live(buf);
+    buf->state->backend->deallocate(buf->data);
     delete buf;
   });
 }

@@ -304,6 +304,12 @@ flashattn_options_t read_options(const flashattn_options_t* options) {
          "options: softmax_scale is %g, must be finite (0 selects 1/sqrt(head_dim))",
          static_cast<double>(o.softmax_scale));
   }
+  if (std::fabs(o.softmax_scale) > FLASHATTN_MAX_SOFTMAX_SCALE) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: softmax_scale is %g; its magnitude must not exceed FLASHATTN_MAX_SOFTMAX_SCALE "
+         "(%g), past which the scores of ordinary inputs overflow fp32",
+         static_cast<double>(o.softmax_scale), static_cast<double>(FLASHATTN_MAX_SOFTMAX_SCALE));
+  }
   if (o.causal != 0 && o.causal != 1) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: causal is %d, must be 0 or 1", o.causal);
   }

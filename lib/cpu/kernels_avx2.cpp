@@ -14,6 +14,7 @@
 #define FA_W 8
 #define FA_RMAX 4
 #define FA_NVMAX 3
+#define FA_FMA 1
 #include "cpu/kernels_impl.hpp"
 
 #if defined(__clang__)

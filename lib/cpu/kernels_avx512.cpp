@@ -16,6 +16,7 @@
 #define FA_W 16
 #define FA_RMAX 6
 #define FA_NVMAX 4
+#define FA_FMA 1
 #include "cpu/kernels_impl.hpp"
 
 #if defined(__clang__)

@@ -6,6 +6,7 @@
 #define FA_W 4
 #define FA_RMAX 4
 #define FA_NVMAX 2
+#define FA_FMA 0
 #include "cpu/kernels_impl.hpp"
 
 namespace flashattn {

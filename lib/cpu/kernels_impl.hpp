@@ -5,12 +5,15 @@
 //
 //   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
 //   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
-//                                               FA_NVMAX  vectors of columns of that block
+//   FA_FMA      1 when the ISA has a fused      FA_NVMAX  vectors of columns of that block
+//               multiply-add (the GEMM uses it)
 //
 // Layouts: every tile is fp32, row-major, rows padded to a multiple of 16 floats (zeros in the
 // padding). The flash paths keep per-thread tiles only; the standard paths materialize S and P.
-// Scores are computed in log2 units: Q (or K) is multiplied by scale * log2(e), so that
-// softmax needs exp2 only; the LSE is converted back to natural log on output.
+// Scores are computed in log2 units: Q is multiplied by scale * log2(e), so that softmax needs
+// exp2 only; the LSE is converted back to natural log on output. Every algorithm forms a score
+// with the same operations (Q scaled, K as it is, one fused multiply-add per element in head_dim
+// order), so the backward recomputes bit for bit the scores its forward saw.
 
 namespace flashattn {
 namespace cpu {
@@ -22,7 +25,8 @@ constexpr int RMAX = FA_RMAX;
 constexpr int NVMAX = FA_NVMAX;
 constexpr int KC = 256;  // GEMM depth per pass, so the B panel stays in L2
 constexpr float kLog2e = 1.44269504088896340736f;
-constexpr float kLn2 = 0.69314718055994530942f;
+constexpr double kLn2d = 0.69314718055994530942;
+constexpr double kLog2ed = 1.44269504088896340736;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 static_assert(kBlockK % W == 0 && kPad % W == 0, "tiles must hold whole vectors");
@@ -62,6 +66,16 @@ inline vf exp2v(vf x) {
   // The integer round(x) sits in the low mantissa bits of r; n = -127 gives the bits of 0.0.
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return p * scale;
+}
+
+// c + a * b rounded as the GEMM rounds each step of its dot products, so that a dot product
+// written as a loop agrees with the same one computed by gemm() bit for bit.
+inline float madd(float a, float b, float c) {
+#if FA_FMA
+  return std::fma(a, b, c);
+#else
+  return c + a * b;
+#endif
 }
 
 inline float hmax(vf v) {
@@ -130,6 +144,46 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t 
   }
 }
 
+// Per-row depth ranges [lo, hi) of gemm_ranges: a tile has at most kBlockQ query rows and
+// kBlockK keys.
+struct Ranges {
+  static constexpr int kRows = kBlockQ > kBlockK ? kBlockQ : kBlockK;
+  int64_t lo[kRows] = {};
+  int64_t hi[kRows] = {};
+};
+
+// C[M x N] (+)= A B as gemm(), but row m of C takes only the terms k in [lo[m], hi[m]) of its
+// dot products: the terms a causal mask hides are never multiplied, so a NaN or infinity there
+// (in A or B) cannot reach C as 0 * inf. Each row still sums its terms in ascending k, one fused
+// multiply-add each, so on finite values the result is gemm()'s over the whole depth (which adds
+// only zeros past a row's range). The depth all rows share runs as one gemm; the rest per row.
+void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int64_t sam,
+                 int64_t sak, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t* lo = ranges.lo;
+  const int64_t* hi = ranges.hi;
+  int64_t shared_lo = lo[0], shared_hi = hi[0];
+  for (int64_t m = 1; m < M; ++m) {
+    shared_lo = std::max(shared_lo, lo[m]);
+    shared_hi = std::min(shared_hi, hi[m]);
+  }
+  if (!accumulate) {
+    for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
+  }
+  const auto row_part = [&](int64_t m, int64_t k0, int64_t k1) {
+    if (k1 <= k0) return;
+    gemm(1, N, k1 - k0, A + m * sam + k0 * sak, sam, sak, B + k0 * ldb, ldb, C + m * ldc, ldc,
+         true);
+  };
+  if (shared_lo >= shared_hi) {
+    for (int64_t m = 0; m < M; ++m) row_part(m, lo[m], hi[m]);
+    return;
+  }
+  for (int64_t m = 0; m < M; ++m) row_part(m, lo[m], shared_lo);
+  gemm(M, N, shared_hi - shared_lo, A + shared_lo * sak, sam, sak, B + shared_lo * ldb, ldb, C, ldc,
+       true);
+  for (int64_t m = 0; m < M; ++m) row_part(m, shared_hi, hi[m]);
+}
+
 // ---- Rows -----------------------------------------------------------------------------------
 
 inline float row_max(const float* s, int64_t n) {
@@ -138,12 +192,35 @@ inline float row_max(const float* s, int64_t n) {
   return hmax(m);
 }
 
-// s = exp2(s - shift) in place; returns the sum.
-inline float exp_row(float* s, int64_t n, float shift) {
+// A row's shift in log2 units as an unevaluated sum hi + lo of two floats, so that s - shift
+// keeps the precision of a double (the backward's LSE, converted from natural log, needs more
+// bits than one float has), and how finely the shift is known: the saved LSE is rounded to
+// fp32, so a difference within `resolution` of 0 cannot be told from 0.
+struct Shift {
+  float hi = 0.0f;
+  float lo = 0.0f;
+  float resolution = 0.0f;
+};
+
+// The shift for P = exp2(S - LSE) from the LSE in log2 units (hi + lo, -inf for a row that sees
+// no key). The fp32 LSE carries up to half an ulp of rounding, under |LSE| * 2^-24.
+inline Shift lse_shift(float hi, float lo) {
+  return Shift{hi, lo, std::isfinite(hi) ? std::fabs(hi) * 0x1p-24f : 0.0f};
+}
+
+// s = exp2(s - shift) in place; returns the sum. The shift is the row's maximum or its LSE, so
+// s - shift <= 0 and each term <= 1. A difference above -resolution is taken as 0: rounding may
+// put it a hair above 0 at ordinary logits, and at huge ones (a huge softmax scale, where the
+// LSE keeps fewer bits than the scores) anywhere in +-|LSE| 2^-24, which would turn the
+// one-hot softmax such a row has into zeros or overflows. So no probability exceeds 1, and the
+// row's largest one is 1 when the LSE cannot resolve it from 1.
+inline float exp_row(float* s, int64_t n, Shift shift) {
   vf sum{};
-  const vf sh = splat(shift);
+  const vf hi = splat(shift.hi), lo = splat(shift.lo), floor = splat(-shift.resolution);
   for (int64_t j = 0; j < n; j += W) {
-    const vf e = exp2v(vload(s + j) - sh);
+    vf x = (vload(s + j) - hi) - lo;
+    x = select(x > floor, vf{}, x);
+    const vf e = exp2v(x);
     vstore(s + j, e);
     sum += e;
   }
@@ -157,6 +234,11 @@ inline void scale_row(float* s, int64_t n, float f) {
 
 inline void fill_row(float* s, int64_t begin, int64_t end, float value) {
   for (int64_t j = begin; j < end; ++j) s[j] = value;
+}
+
+// The natural-log LSE of a row from its log2-unit maximum m2 and sum l, rounded once.
+inline float natural_lse(float m2, float l) {
+  return static_cast<float>((static_cast<double>(m2) + std::log2(static_cast<double>(l))) * kLn2d);
 }
 
 // dS = P * (dP - delta), in place over dP.
@@ -243,6 +325,27 @@ inline int64_t visible_keys(const Problem& p, int64_t i) {
   return std::min<int64_t>(p.seqlen_k, std::max<int64_t>(0, i + p.seqlen_k - p.seqlen_q + 1));
 }
 
+// The depth ranges of gemm_ranges for query rows [i0, i0 + rows) against keys [j0, j0 + ncols),
+// tile-relative. Per query row (rows <= kBlockQ): the keys it sees, [0, hi).
+inline Ranges keys_seen(const Problem& p, int64_t i0, int rows, int64_t j0, int64_t ncols) {
+  Ranges r;
+  for (int i = 0; i < rows; ++i) {
+    r.hi[i] = std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + i) - j0));
+  }
+  return r;
+}
+// Per key (ncols <= kBlockK): the query rows that see it, [lo, rows); query i sees key j when
+// i >= j - (seqlen_k - seqlen_q).
+inline Ranges rows_seeing(const Problem& p, int64_t i0, int64_t rows, int64_t j0, int ncols) {
+  Ranges r;
+  for (int j = 0; j < ncols; ++j) {
+    const int64_t first = p.causal ? j0 + j - (p.seqlen_k - p.seqlen_q) : 0;
+    r.lo[j] = std::min<int64_t>(rows, std::max<int64_t>(0, first - i0));
+    r.hi[j] = rows;
+  }
+  return r;
+}
+
 struct Thread {
   char* base;
   float* at(size_t offset) const { return reinterpret_cast<float*>(base + offset); }
@@ -314,7 +417,8 @@ void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const fl
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dp, dp, alpha[r]);
   }
-  gemm(q.rows, dp, ncols, St, 1, kBlockQ, V, dp, q.O, dp, true);
+  gemm_ranges(q.rows, dp, keys_seen(p, q.i0, q.rows, j0, ncols), St, 1, kBlockQ, V, dp, q.O, dp,
+              true);
 }
 
 template <class E>
@@ -373,11 +477,11 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     const QueryTile& q = tiles[s];
     for (int r = 0; r < q.rows; ++r) {
       // l is 0 only for a row that sees no key: output 0, LSE -inf.
+      if (q.l[r] == 0.0f) std::fill(q.O + r * dp, q.O + r * dp + d, 0.0f);
       const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
       store_row<E>(out_row<E>(a.out, b, q.i0 + r, h), q.O + r * dp, d, inv);
       if (a.lse.data != nullptr) {
-        *lse_at(a.lse, b, h, q.i0 + r) =
-            q.l[r] == 0.0f ? kNegInf : (q.m[r] + std::log2(q.l[r])) * kLn2;
+        *lse_at(a.lse, b, h, q.i0 + r) = q.l[r] == 0.0f ? kNegInf : natural_lse(q.m[r], q.l[r]);
       }
     }
   }
@@ -389,7 +493,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
 
 template <class E>
 void pack_kv_item(const Problem& p, const Plan& pl, const Tensor4& src, float* kt_all,
-                  float* rows_all, float kt_mul, int64_t item) {
+                  float* rows_all, int64_t item) {
   // item: (b, kv head, key tile). kt_all: [B, Hkv, d, nk_pad]; rows_all: [B, Hkv, Nk, dp].
   const int64_t kt = item % pl.tiles_k, bh = item / pl.tiles_k;
   const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
@@ -399,7 +503,7 @@ void pack_kv_item(const Problem& p, const Plan& pl, const Tensor4& src, float* k
   if (kt_all != nullptr) {
     const int pad = static_cast<int>(std::min<int64_t>(kBlockK, pl.nk_pad - j0));
     pack_transposed<E>(kt_all + bh * d * pl.nk_pad + j0, pl.nk_pad, src, b, j0, ncols, pad, hk, d,
-                       kt_mul);
+                       1.0f);
   }
   if (rows_all != nullptr) {
     for (int j = 0; j < ncols; ++j) {
@@ -437,13 +541,13 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
     if (mx == kNegInf) {
       fill_row(s, 0, nkp, 0.0f);
     } else {
-      const float sum = exp_row(s, nkp, mx);
+      const float sum = exp_row(s, nkp, Shift{mx, 0.0f, 0.0f});
       scale_row(s, nkp, 1.0f / sum);
-      lse = (mx + std::log2(sum)) * kLn2;
+      lse = natural_lse(mx, sum);
     }
     if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i0 + r) = lse;
   }
-  gemm(rows, dp, p.seqlen_k, S, nkp, 1, V, dp, O, dp, false);
+  gemm_ranges(rows, dp, keys_seen(p, i0, rows, 0, p.seqlen_k), S, nkp, 1, V, dp, O, dp, false);
   for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, 1.0f);
 }
 
@@ -460,8 +564,8 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
   float* kt_all = shared_at(ws, pl.kt_all);
   float* v_all = shared_at(ws, pl.v_all);
   pool.parallel_for(p.batch * p.heads_kv * pl.tiles_k, [&](int64_t item, int) {
-    pack_kv_item<E>(p, pl, a.k, kt_all, nullptr, 1.0f, item);
-    pack_kv_item<E>(p, pl, a.v, nullptr, v_all, 1.0f, item);
+    pack_kv_item<E>(p, pl, a.k, kt_all, nullptr, item);
+    pack_kv_item<E>(p, pl, a.v, nullptr, v_all, item);
   });
   pool.parallel_for(q_items, [&](int64_t item, int worker) {
     standard_forward_item<E>(a, pl, ws, item, worker);
@@ -469,7 +573,7 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
 }
 
 // ---- Backward, shared pieces ----------------------------------------------------------------
-// Per row: LSE in log2 units, and delta = rowsum(dO * O).
+// Per row: LSE in log2 units (as hi + lo), and delta = rowsum(dO * O).
 
 template <class E>
 void row_stats_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
@@ -479,20 +583,24 @@ void row_stats_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t ite
   const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
   const int64_t row0 = (it.b * p.heads_q + it.h) * p.seqlen_q + i0;
   float* lse2 = shared_at(ws, pl.lse2) + row0;
+  float* lse2_lo = shared_at(ws, pl.lse2_lo) + row0;
   float* delta = shared_at(ws, pl.delta) + row0;
   for (int r = 0; r < rows; ++r) {
-    lse2[r] = *lse_at(a.lse, it.b, it.h, i0 + r) * kLog2e;
+    const double l2 = static_cast<double>(*lse_at(a.lse, it.b, it.h, i0 + r)) * kLog2ed;
+    lse2[r] = static_cast<float>(l2);
+    lse2_lo[r] = std::isfinite(l2) ? static_cast<float>(l2 - lse2[r]) : 0.0f;
     const typename E::T* o = in_row<E>(a.out, it.b, i0 + r, it.h);
     const typename E::T* g = in_row<E>(a.dout, it.b, i0 + r, it.h);
+    // As the GEMM forms dP = dO V^T: where P is one-hot, dP - delta is then exactly 0.
     float acc = 0.0f;
-    for (int k = 0; k < p.head_dim; ++k) acc += E::load(o[k]) * E::load(g[k]);
+    for (int k = 0; k < p.head_dim; ++k) acc = madd(E::load(g[k]), E::load(o[k]), acc);
     delta[r] = acc;
   }
 }
 
 // P = exp2(S - lse2) over the visible columns [0, lim), 0 elsewhere in [0, n).
-inline void probs_row(float* s, int64_t lim, int64_t n, float lse2) {
-  if (lse2 == kNegInf) lim = 0;                          // a row that sees no key
+inline void probs_row(float* s, int64_t lim, int64_t n, Shift lse2) {
+  if (lse2.hi == kNegInf) lim = 0;                       // a row that sees no key
   if (lim > 0) exp_row(s, (lim + W - 1) / W * W, lse2);  // n is a multiple of W, so <= n
   fill_row(s, lim, n, 0.0f);
 }
@@ -523,17 +631,19 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* dK = t.at(pl.t_dk);
   float* dV = t.at(pl.t_dv);
   float* Q = t.at(pl.t_q);
+  float* Qs = t.at(pl.t_qs);
   float* dO = t.at(pl.t_do);
   float* P = t.at(pl.t_s);
   float* dS = t.at(pl.t_dp);
   const float* lse2_all = shared_at(ws, pl.lse2);
+  const float* lse2_lo_all = shared_at(ws, pl.lse2_lo);
   const float* delta_all = shared_at(ws, pl.delta);
   // This chunk's partial dQ for the group's query heads: [G, Nq, dp], contiguous.
   float* dq_part =
       shared_at(ws, pl.dq_part) + ((chunk * p.batch + b) * p.heads_q + hk * G) * Nq * dp;
   std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
 
-  const float kmul = p.scale * kLog2e;
+  const float qmul = p.scale * kLog2e;
   const int64_t off = p.seqlen_k - p.seqlen_q;
   const int64_t kt_begin = chunk * pl.tiles_k / chunks;
   const int64_t kt_end = (chunk + 1) * pl.tiles_k / chunks;
@@ -541,7 +651,7 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
     const int64_t j0 = kt * kBlockK;
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
     const int ncp = vec_round(ncols);
-    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, kmul);
+    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, 1.0f);
     pack_transposed<E>(Vt, kBlockK, a.v, b, j0, ncols, ncp, hk, d, 1.0f);
     for (int j = 0; j < ncols; ++j)
       pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
@@ -556,19 +666,21 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
         const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
         for (int r = 0; r < rows; ++r) {
           pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, 1.0f);
+          pack_row<E>(Qs + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
           pack_row<E>(dO + r * dp, in_row<E>(a.dout, b, i0 + r, h), d, dp, 1.0f);
         }
-        gemm(rows, ncp, d, Q, dp, 1, Kt, kBlockK, P, kBlockK, false);
+        gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, d, dO, dp, 1, Vt, kBlockK, dS, kBlockK, false);
+        const Ranges keys = keys_seen(p, i0, rows, j0, ncols);
+        const Ranges queries = rows_seeing(p, i0, rows, j0, ncols);
         for (int r = 0; r < rows; ++r) {
-          const int64_t lim =
-              std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + r) - j0));
-          probs_row(P + r * kBlockK, lim, ncp, lse2_all[row_base + i0 + r]);
-          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row_base + i0 + r]);
+          const int64_t row = row_base + i0 + r;
+          probs_row(P + r * kBlockK, keys.hi[r], ncp, lse_shift(lse2_all[row], lse2_lo_all[row]));
+          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row]);
         }
-        gemm(ncols, dp, rows, P, 1, kBlockK, dO, dp, dV, dp, true);
-        gemm(ncols, dp, rows, dS, 1, kBlockK, Q, dp, dK, dp, true);
-        gemm(rows, dp, ncols, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
+        gemm_ranges(ncols, dp, queries, P, 1, kBlockK, dO, dp, dV, dp, true);
+        gemm_ranges(ncols, dp, queries, dS, 1, kBlockK, Q, dp, dK, dp, true);
+        gemm_ranges(rows, dp, keys, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
       }
     }
     for (int j = 0; j < ncols; ++j) {
@@ -632,7 +744,6 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
   const int64_t i0 = it.qt * kBlockQ;
   const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
   const int64_t row0 = (b * p.heads_q + h) * p.seqlen_q + i0;
-  const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
   const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
   const float* K = shared_at(ws, pl.k_all) + bhk * p.seqlen_k * dp;
   const float* Kt = shared_at(ws, pl.kt_all) + bhk * d * nkp;
@@ -640,16 +751,24 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
   float* P = shared_at(ws, pl.s_all) + row0 * nkp;
   float* dS = shared_at(ws, pl.ds_all) + row0 * nkp;
   const float* lse2 = shared_at(ws, pl.lse2) + row0;
+  const float* lse2_lo = shared_at(ws, pl.lse2_lo) + row0;
   const float* delta = shared_at(ws, pl.delta) + row0;
-  float* dQ = thread_area(pl, ws, worker).at(pl.t_o);
+  const Thread t = thread_area(pl, ws, worker);
+  float* Qs = t.at(pl.t_q);
+  float* dQ = t.at(pl.t_o);
 
-  gemm(rows, nkp, d, Q, dp, 1, Kt, nkp, P, nkp, false);
-  gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
+  const float qmul = p.scale * kLog2e;
   for (int r = 0; r < rows; ++r) {
-    probs_row(P + r * nkp, visible_keys(p, i0 + r), nkp, lse2[r]);
+    pack_row<E>(Qs + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
+  }
+  gemm(rows, nkp, d, Qs, dp, 1, Kt, nkp, P, nkp, false);
+  gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
+  const Ranges keys = keys_seen(p, i0, rows, 0, p.seqlen_k);
+  for (int r = 0; r < rows; ++r) {
+    probs_row(P + r * nkp, keys.hi[r], nkp, lse_shift(lse2[r], lse2_lo[r]));
     ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
   }
-  gemm(rows, dp, p.seqlen_k, dS, nkp, 1, K, dp, dQ, dp, false);
+  gemm_ranges(rows, dp, keys, dS, nkp, 1, K, dp, dQ, dp, false);
   for (int r = 0; r < rows; ++r)
     store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
 }
@@ -667,14 +786,15 @@ void standard_dkv_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
   const Thread t = thread_area(pl, ws, worker);
   float* dK = t.at(pl.t_dk);
   float* dV = t.at(pl.t_dv);
+  const Ranges queries = rows_seeing(p, 0, Nq, j0, ncols);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t row0 = (b * p.heads_q + hk * G + g) * Nq;
     const float* P = shared_at(ws, pl.s_all) + row0 * nkp + j0;
     const float* dS = shared_at(ws, pl.ds_all) + row0 * nkp + j0;
     const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
     const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
-    gemm(ncols, dp, Nq, P, 1, nkp, dO, dp, dV, dp, g > 0);
-    gemm(ncols, dp, Nq, dS, 1, nkp, Q, dp, dK, dp, g > 0);
+    gemm_ranges(ncols, dp, queries, P, 1, nkp, dO, dp, dV, dp, g > 0);
+    gemm_ranges(ncols, dp, queries, dS, 1, nkp, Q, dp, dK, dp, g > 0);
   }
   for (int j = 0; j < ncols; ++j) {
     store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
@@ -695,13 +815,12 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
     pool.parallel_for(q_items, [&](int64_t item, int) { flash_dq_item<E>(a, pl, ws, item); });
     return;
   }
-  const float kmul = p.scale * kLog2e;
   float* k_all = shared_at(ws, pl.k_all);
   float* kt_all = shared_at(ws, pl.kt_all);
   float* vt_all = shared_at(ws, pl.vt_all);
   pool.parallel_for(k_items, [&](int64_t item, int) {
-    pack_kv_item<E>(p, pl, a.k, kt_all, k_all, kmul, item);
-    pack_kv_item<E>(p, pl, a.v, vt_all, nullptr, 1.0f, item);
+    pack_kv_item<E>(p, pl, a.k, kt_all, k_all, item);
+    pack_kv_item<E>(p, pl, a.v, vt_all, nullptr, item);
   });
   pool.parallel_for(q_items, [&](int64_t item, int) { pack_q_item<E>(a, pl, ws, item); });
   pool.parallel_for(

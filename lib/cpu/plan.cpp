@@ -97,6 +97,7 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
   } else if (flash) {
     const size_t rows = sz.mul({B, Hq, Nq, f}, "row statistics");
     plan.lse2 = shared.take(rows, "LSE");
+    plan.lse2_lo = shared.take(rows, "LSE");
     plan.delta = shared.take(rows, "delta");
     const size_t part = sz.mul({B, Hq, Nq, dp, f}, "dQ");
     int64_t chunks = std::min<int64_t>(plan.tiles_k, kMaxKeyChunks);
@@ -110,12 +111,14 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.t_dk = thread.take(k_tile, "dK tile");
     plan.t_dv = thread.take(k_tile, "dV tile");
     plan.t_q = thread.take(q_tile, "Q tile");
+    plan.t_qs = thread.take(q_tile, "scaled Q tile");
     plan.t_do = thread.take(q_tile, "dO tile");
     plan.t_s = thread.take(s_tile, "P tile");
     plan.t_dp = thread.take(s_tile, "dS tile");
   } else {
     const size_t rows = sz.mul({B, Hq, Nq, f}, "row statistics");
     plan.lse2 = shared.take(rows, "LSE");
+    plan.lse2_lo = shared.take(rows, "LSE");
     plan.delta = shared.take(rows, "delta");
     plan.q_all = shared.take(sz.mul({B, Hq, Nq, dp, f}, "Q"), "Q");
     plan.do_all = shared.take(sz.mul({B, Hq, Nq, dp, f}, "dO"), "dO");
@@ -127,6 +130,7 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.ds_all = shared.take(s, "dS");
     plan.t_dk = thread.take(k_tile, "dK tile");
     plan.t_dv = thread.take(k_tile, "dV tile");
+    plan.t_q = thread.take(q_tile, "scaled Q tile");
     plan.t_o = thread.take(q_tile, "dQ tile");
   }
   plan.thread_bytes = sz.align(thread.end, "a thread's scratch");

@@ -34,7 +34,8 @@ struct Plan {
   int64_t query_group = 1;  // flash forward: query tiles per work item (at most kMaxQueryGroup)
 
   // Shared regions (fp32).
-  size_t lse2 = 0;     // backward: [B, Hq, Nq] LSE in log2 units
+  size_t lse2 = 0;     // backward: [B, Hq, Nq] LSE in log2 units, rounded to float
+  size_t lse2_lo = 0;  // backward: [B, Hq, Nq] what that rounding lost
   size_t delta = 0;    // backward: [B, Hq, Nq] rowsum(dO * O)
   size_t dq_part = 0;  // flash backward: [chunks, B, Hq, Nq, dp] partial dQ
   size_t q_all = 0;    // standard backward: [B, Hq, Nq, dp]
@@ -47,7 +48,7 @@ struct Plan {
   size_t ds_all = 0;   // standard backward: [B, Hq, Nq, nk_pad] dP, then dS
 
   // Per-thread regions (fp32), offsets inside one thread's area.
-  size_t t_q = 0, t_do = 0, t_o = 0, t_s = 0, t_dp = 0;
+  size_t t_q = 0, t_qs = 0, t_do = 0, t_o = 0, t_s = 0, t_dp = 0;
   size_t t_kt = 0, t_k = 0, t_v = 0, t_vt = 0, t_dk = 0, t_dv = 0, t_m = 0, t_l = 0;
 
   size_t thread_base = 0;

@@ -1,12 +1,13 @@
 // A small fork-join thread pool for the CPU backend: parallel_for over independent work items.
 // Which thread runs an item never changes what the item computes, so results do not depend on
-// the thread count. Self-contained (std only) so tests can compile it on its own.
+// the thread count. Self-contained (std and POSIX only) so tests can compile it on its own.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -18,7 +19,8 @@ namespace cpu {
 class ThreadPool {
  public:
   // `threads` counts the calling thread: a pool of 1 runs everything on the caller. Worker
-  // threads are started on the first parallel_for that can use them.
+  // threads are started on the first parallel_for that can use them, and started again in a
+  // process forked after that (the child has none of the parent's threads).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -40,29 +42,41 @@ class ThreadPool {
 
  private:
   using ItemFn = void (*)(void*, int64_t, int);
+
+  // The worker threads and what they share with the caller, in one object: in a process forked
+  // after the workers started, the threads do not exist and their condition variables still
+  // count them as waiting, so joining or destroying any of it would wait forever. Such a crew is
+  // abandoned (kept, never touched again) and a new one started.
+  struct Crew {
+    long process = 0;  // the process that started the threads
+    std::vector<std::thread> workers;
+
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::condition_variable done;
+    uint64_t generation = 0;  // bumped for every job; workers run each generation once
+    bool stop = false;
+    int busy = 0;  // workers still inside the current job
+
+    // The current job.
+    ItemFn fn = nullptr;
+    void* ctx = nullptr;
+    int64_t count = 0;
+    std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+
+    Crew* next_abandoned = nullptr;
+  };
+
   void run(int64_t count, ItemFn fn, void* ctx);
-  void start_workers();
-  void worker_loop(int worker);
-  void run_items(int worker) noexcept;
+  Crew& crew();  // the workers of this process, started on first use
+  static void abandon(std::unique_ptr<Crew> crew) noexcept;
+  static void worker_loop(Crew* crew, int worker);
+  static void run_items(Crew& crew, int worker) noexcept;
 
   const int size_;
-  std::vector<std::thread> workers_;
-  bool started_ = false;
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  uint64_t generation_ = 0;  // bumped for every job; workers run each generation once
-  bool stop_ = false;
-  int busy_ = 0;  // workers still inside the current job
-
-  // The current job.
-  ItemFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  int64_t count_ = 0;
-  std::atomic<int64_t> next_{0};
-  std::atomic<bool> failed_{false};
-  std::exception_ptr error_;
+  std::unique_ptr<Crew> crew_;
 };
 
 // The number of hardware threads this process may run on (its CPU affinity), at least 1.

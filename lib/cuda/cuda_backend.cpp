@@ -10,6 +10,7 @@
 #include <string>
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "core/backend.hpp"
 #include "core/error.hpp"
@@ -39,6 +40,28 @@ std::string device_name(int device) {
     return "?";
   }
   return prop.name;
+}
+
+// The NVIDIA driver's user-space library, which the CUDA runtime loads.
+constexpr const char* kDriverLibrary = "libcuda.so.1";
+
+bool driver_installed() {
+  void* lib = dlopen(kDriverLibrary, RTLD_LAZY | RTLD_LOCAL);
+  if (lib == nullptr) return false;
+  dlclose(lib);
+  return true;
+}
+
+// Why cudaGetDeviceCount failed, in words for the message. Without any NVIDIA driver the runtime
+// says "CUDA driver version is insufficient for CUDA runtime version", which sends the reader
+// after a driver update when there is no driver at all.
+std::string cuda_unusable_reason(cudaError_t e) {
+  if (e == cudaErrorInsufficientDriver && !driver_installed()) {
+    return format("CUDA is unavailable: no NVIDIA driver was found (%s cannot be loaded)",
+                  kDriverLibrary);
+  }
+  return format("no usable CUDA driver or device: %s (%s)", cudaGetErrorString(e),
+                cudaGetErrorName(e));
 }
 
 class CudaBackend final : public Backend {
@@ -89,8 +112,7 @@ CudaBackend::CudaBackend(int device) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail(FLASHATTN_ERROR_BACKEND_UNAVAILABLE, "no usable CUDA driver or device: %s (%s)",
-         cudaGetErrorString(e), cudaGetErrorName(e));
+    fail(FLASHATTN_ERROR_BACKEND_UNAVAILABLE, "%s", cuda_unusable_reason(e).c_str());
   }
   if (device >= count) {
     fail(FLASHATTN_ERROR_BACKEND_UNAVAILABLE, "device %d does not exist: %d CUDA device%s",

@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include "api_helpers.hpp"
 
 using namespace api_test;
@@ -239,6 +241,67 @@ TEST_SUITE("context") {
     flashattn_options_init(nullptr);
     EXPECT_OK(flashattn_context_destroy(nullptr));
   }
+
+  TEST_CASE("a destroyed context is refused by every function, never read") {
+    flashattn_context_t ctx = nullptr;
+    REQUIRE_OK(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0));
+    REQUIRE_OK(flashattn_context_destroy(ctx));
+    const char* const stale = "ctx is not a live context";
+    flashattn_backend_t backend = FLASHATTN_BACKEND_AUTO;
+    EXPECT_STATUS(flashattn_context_get_backend(&backend, ctx), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  stale);
+    CHECK(backend == FLASHATTN_BACKEND_AUTO);
+    int device = 42;
+    EXPECT_STATUS(flashattn_context_get_device(&device, ctx), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  stale);
+    CHECK(device == 42);
+    void* stream = &device;
+    EXPECT_STATUS(flashattn_context_get_stream(&stream, ctx), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  stale);
+    CHECK(stream == &device);
+    EXPECT_STATUS(flashattn_context_set_stream(ctx, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  stale);
+    EXPECT_STATUS(flashattn_context_set_num_threads(ctx, 1), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  stale);
+    EXPECT_STATUS(flashattn_context_synchronize(ctx), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    flashattn_buffer_t buf = nullptr;
+    EXPECT_STATUS(flashattn_buffer_create(&buf, ctx, 64), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    CHECK(buf == nullptr);
+    Backward b;
+    EXPECT_STATUS(flashattn_supported(ctx, &b.tq, &b.tk, &b.tv, nullptr, 1),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    size_t bytes = 7;
+    EXPECT_STATUS(flashattn_workspace_size(&bytes, ctx, &b.tq, &b.tk, &b.tv, nullptr, 0),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    CHECK(bytes == 7);
+    Forward f;
+    EXPECT_STATUS(f.run(ctx), FLASHATTN_ERROR_INVALID_ARGUMENT, "flashattn_forward: ctx");
+    CHECK(f.untouched());
+    EXPECT_STATUS(b.run(ctx), FLASHATTN_ERROR_INVALID_ARGUMENT, "flashattn_backward: ctx");
+    CHECK(b.grads_untouched());
+    // Destroyed twice: refused, not freed again.
+    EXPECT_STATUS(flashattn_context_destroy(ctx), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+  }
+
+  TEST_CASE("an address that never was a context is refused") {
+    struct {
+      void* looks_like_a_state[4] = {};
+    } not_a_context;
+    flashattn_context_t fake = reinterpret_cast<flashattn_context_t>(&not_a_context);
+    int device = 42;
+    EXPECT_STATUS(flashattn_context_get_device(&device, fake), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  "ctx is not a live context");
+    CHECK(device == 42);
+    EXPECT_STATUS(flashattn_context_destroy(fake), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  "ctx is not a live context");
+    // A buffer handle is no context either.
+    Context ctx;
+    flashattn_buffer_t buf = nullptr;
+    REQUIRE_OK(flashattn_buffer_create(&buf, ctx, 64));
+    EXPECT_STATUS(flashattn_context_synchronize(reinterpret_cast<flashattn_context_t>(buf)),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is not a live context");
+    EXPECT_OK(flashattn_buffer_destroy(buf));
+  }
 }
 
 TEST_SUITE("cuda") {
@@ -266,6 +329,20 @@ TEST_SUITE("cuda") {
     const std::string msg = flashattn_last_error();
     CHECK(contains(msg, "flashattn_context_create: "));
     CHECK(msg.size() > std::strlen("flashattn_context_create: CUDA"));  // says why
+  }
+
+  TEST_CASE("on a machine without an NVIDIA driver, the message says so") {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver != nullptr) dlclose(driver);
+    if (!flashattn_has_cuda() || driver != nullptr) {
+      MESSAGE("CUDA not compiled in, or a driver is installed: nothing to check here");
+      return;
+    }
+    flashattn_context_t ctx = nullptr;
+    EXPECT_STATUS(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, 0),
+                  FLASHATTN_ERROR_BACKEND_UNAVAILABLE,
+                  "no NVIDIA driver was found (libcuda.so.1 cannot be loaded)");
+    CHECK(ctx == nullptr);
   }
 
   TEST_CASE("a CUDA device ordinal past the last device is unavailable") {

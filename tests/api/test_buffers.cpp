@@ -173,6 +173,32 @@ TEST_SUITE("buffers") {
     EXPECT_OK(flashattn_buffer_destroy(nullptr));
   }
 
+  TEST_CASE("a destroyed buffer is refused by every function, never read or freed again") {
+    Context ctx;
+    flashattn_buffer_t buf = nullptr;
+    REQUIRE_OK(flashattn_buffer_create(&buf, ctx, 64));
+    REQUIRE_OK(flashattn_buffer_destroy(buf));
+    const char* const stale = "buf is not a live buffer";
+    void* data = &buf;
+    size_t size = 12345;
+    EXPECT_STATUS(flashattn_buffer_data(&data, buf), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    EXPECT_STATUS(flashattn_buffer_size(&size, buf), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    CHECK(data == static_cast<void*>(&buf));
+    CHECK(size == 12345);
+    std::vector<unsigned char> bytes(16, 0x5a);
+    EXPECT_STATUS(flashattn_buffer_write(buf, 0, bytes.data(), bytes.size()),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    EXPECT_STATUS(flashattn_buffer_read(buf, 0, bytes.data(), bytes.size()),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    CHECK(bytes == std::vector<unsigned char>(16, 0x5a));
+    EXPECT_STATUS(flashattn_buffer_destroy(buf), FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    // A context handle is no buffer.
+    EXPECT_STATUS(flashattn_buffer_size(&size, reinterpret_cast<flashattn_buffer_t>(
+                                                   static_cast<flashattn_context_t>(ctx))),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, stale);
+    CHECK(size == 12345);
+  }
+
   TEST_CASE("a buffer outlives its context and stays usable") {
     flashattn_context_t ctx = nullptr;
     REQUIRE_OK(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0));
@@ -300,6 +326,36 @@ TEST_SUITE("memory") {
     k.data = exact.data();
     REQUIRE_OK(flashattn_buffer_write(exact, 0, f.k.data(), k_bytes));
     EXPECT_OK(flashattn_forward(ctx, &f.tq, &k, &f.tv, &f.tout, &f.tlse, nullptr, nullptr, 0));
+  }
+
+  TEST_CASE("a view that starts at its buffer's end, or just past it, is INVALID_MEMORY") {
+    Context ctx;
+    Forward f;
+    // Buffers of exactly out's and k's sizes (multiples of 256 bytes: no allocator slack after
+    // them), each view moved to the buffer's end and a little beyond.
+    const size_t out_bytes = f.out.size() * sizeof(float);
+    const size_t k_bytes = f.k.size() * sizeof(float);
+    REQUIRE(out_bytes % 256 == 0);
+    Buffer out_buf(ctx, out_bytes), k_buf(ctx, k_bytes);
+    REQUIRE_OK(flashattn_buffer_write(k_buf, 0, f.k.data(), k_bytes));
+    for (size_t past : {size_t(0), size_t(4), size_t(64), size_t(252)}) {
+      INFO("bytes past the end: " << past);
+      flashattn_tensor_t out = f.tout;
+      out.data = reinterpret_cast<char*>(out_buf.data()) + out_bytes + past;
+      EXPECT_STATUS(flashattn_forward(ctx, &f.tq, &f.tk, &f.tv, &out, &f.tlse, nullptr, nullptr, 0),
+                    FLASHATTN_ERROR_INVALID_MEMORY,
+                    "out: the view spans " + std::to_string(out_bytes) + " bytes from offset " +
+                        std::to_string(out_bytes + past) + ", past the end of its " +
+                        std::to_string(out_bytes) + "-byte buffer");
+      CHECK(f.untouched());
+      // (Past the end, k may also reach whatever host memory follows, such as f's outputs: the
+      // message then names that overlap instead. Either way the call is refused.)
+      flashattn_tensor_t k = f.tk;
+      k.data = reinterpret_cast<char*>(k_buf.data()) + k_bytes + past;
+      EXPECT_STATUS(flashattn_forward(ctx, &f.tq, &k, &f.tv, &f.tout, &f.tlse, nullptr, nullptr, 0),
+                    FLASHATTN_ERROR_INVALID_MEMORY, "k");
+      CHECK(f.untouched());
+    }
   }
 
   TEST_CASE("a workspace inside a buffer is checked against its end too") {

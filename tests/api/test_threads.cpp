@@ -1,16 +1,38 @@
 // Threads: different contexts compute at once; one context entered by two threads answers
-// CONTEXT_BUSY to the second and never computes wrongly.
+// CONTEXT_BUSY to the second and never computes wrongly; a forked child computes with the
+// contexts it inherited.
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "api_helpers.hpp"
 
 using namespace api_test;
 
 namespace {
+
+// The exit status of a child process, or -1 when it has not ended after `limit` (it is killed
+// then): a child that hangs must fail the test, not stall the suite.
+int wait_for_child(pid_t child, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 Shape thread_shape() {
   Shape s;
@@ -272,6 +294,51 @@ TEST_SUITE("threads") {
     // Unused now: every call succeeds again.
     EXPECT_OK(flashattn_context_synchronize(ctx));
     flashattn_buffer_destroy(big);
+  }
+
+  TEST_CASE("after fork(), the child computes with the contexts and buffers it inherited") {
+    // The parent's pool has started its workers; the child has none of those threads.
+    Context ctx;
+    REQUIRE_OK(flashattn_context_set_num_threads(ctx, 3));
+    const Shape s = thread_shape();
+    Forward want(s, 300);
+    REQUIRE_OK(want.run(ctx));
+    flashattn_buffer_t buf = nullptr;
+    REQUIRE_OK(flashattn_buffer_create(&buf, ctx, want.out.size() * sizeof(float)));
+    REQUIRE_OK(flashattn_buffer_write(buf, 0, want.out.data(), want.out.size() * sizeof(float)));
+
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // In the child: no doctest (its state belongs to the parent), only an exit status.
+      int failures = 0;
+      for (int round = 0; round < 2; ++round) {  // the second call finds the new workers
+        Forward f(s, 300);
+        failures += f.run(ctx) != FLASHATTN_SUCCESS || f.out != want.out;
+      }
+      Backward b(s, 301);
+      failures += b.run(ctx) != FLASHATTN_SUCCESS || b.grads_untouched();
+      std::vector<float> back(want.out.size());
+      failures += flashattn_buffer_read(buf, 0, back.data(), back.size() * sizeof(float)) !=
+                      FLASHATTN_SUCCESS ||
+                  back != want.out;
+      failures += flashattn_buffer_destroy(buf) != FLASHATTN_SUCCESS;
+      failures += flashattn_context_set_num_threads(ctx, 2) != FLASHATTN_SUCCESS;
+      Forward again(s, 300);
+      failures += again.run(ctx) != FLASHATTN_SUCCESS || again.out != want.out;
+      const flashattn_context_t inherited = ctx;
+      failures += flashattn_context_destroy(inherited) != FLASHATTN_SUCCESS;
+      _exit(failures == 0 ? 0 : 1);
+    }
+    const int status = wait_for_child(child, std::chrono::seconds(60));
+    CHECK_MESSAGE(status != -1, "the child hung (waiting for worker threads only the parent has)");
+    CHECK_MESSAGE(status == 0, "the child's calls failed or computed differently (status ", status,
+                  ")");
+    // The parent is unaffected.
+    Forward f(s, 300);
+    EXPECT_OK(f.run(ctx));
+    CHECK(f.out == want.out);
+    EXPECT_OK(flashattn_buffer_destroy(buf));
   }
 
   TEST_CASE("buffer_destroy is never refused, even while its context is busy") {

@@ -24,6 +24,9 @@
 #ifndef FLASHATTN_CATALOGUE_FILE
 #error "FLASHATTN_CATALOGUE_FILE must name bad_inputs.tsv"
 #endif
+#ifndef FLASHATTN_HEADER_FILE
+#error "FLASHATTN_HEADER_FILE must name include/flashattn/flashattn.h"
+#endif
 
 namespace {
 
@@ -153,6 +156,7 @@ struct Fixture {
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
+  void* base[kNumTensors] = {};
   flashattn_buffer_t bufs[kNumTensors] = {};
   size_t sizes[kNumTensors] = {};
   flashattn_tensor_t views[kNumTensors] = {};
@@ -179,6 +183,7 @@ struct Fixture {
           flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
         throw std::runtime_error(std::string("buffer: ") + flashattn_last_error());
       }
+      base[t] = data;
       flashattn_status_t st =
           t == LSE ? flashattn_tensor_lse(&views[t], data, B, HQ, NQ)
                    : flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B,
@@ -235,8 +240,18 @@ struct Fixture {
     const std::string lhs = m.substr(0, eq);
     const std::string rhs = m.substr(eq + 1);
     if (lhs == "ctx") {
-      if (rhs != "null") throw std::runtime_error("ctx takes only null");
-      ctx_arg = nullptr;
+      if (rhs == "null") {
+        ctx_arg = nullptr;
+      } else if (rhs == "destroyed") {
+        flashattn_context_t stale = nullptr;
+        if (flashattn_context_create(&stale, FLASHATTN_BACKEND_CPU, 0) != FLASHATTN_SUCCESS ||
+            flashattn_context_destroy(stale) != FLASHATTN_SUCCESS) {
+          throw std::runtime_error(std::string("a context to destroy: ") + flashattn_last_error());
+        }
+        ctx_arg = stale;
+      } else {
+        throw std::runtime_error("ctx takes null or destroyed");
+      }
       return;
     }
     if (lhs == "options") {
@@ -270,7 +285,8 @@ struct Fixture {
       present[tensor_index(lhs)] = false;
       return;
     }
-    flashattn_tensor_t& t = views[tensor_index(lhs.substr(0, dot))];
+    const int index = tensor_index(lhs.substr(0, dot));
+    flashattn_tensor_t& t = views[index];
     const std::string field = lhs.substr(dot + 1);
     if (field == "dtype") {
       store32(&t.dtype, parse_int(rhs));
@@ -290,6 +306,10 @@ struct Fixture {
         t.data = static_cast<char*>(t.data) + 1;
       } else if (rhs.compare(0, 6, "alias:") == 0) {
         t.data = views[tensor_index(rhs.substr(6))].data;
+      } else if (rhs.compare(0, 4, "end+") == 0) {
+        const int64_t past = parse_int(rhs.substr(4));
+        if (past < 0 || past > 255) throw std::runtime_error("end+ takes 0..255");
+        t.data = static_cast<char*>(base[index]) + sizes[index] + past;
       } else {
         throw std::runtime_error("bad data mutation");
       }
@@ -359,6 +379,52 @@ const std::vector<Case>& catalogue() {
   return cases;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The statuses the header's doc comment of `function` lists on its \retval lines: exact names,
+// the pattern FLASHATTN_ERROR_INVALID_* (every status with that prefix), and "as <function>"
+// (that function's list).
+std::set<std::string> documented_statuses(const std::string& header, const std::string& function) {
+  const std::string declaration = "FLASHATTN_API flashattn_status_t " + function + "(";
+  const size_t at = header.find(declaration);
+  if (at == std::string::npos) throw std::runtime_error("no declaration of " + function);
+  const size_t open = header.rfind("/*", at);
+  const std::string comment = header.substr(open, at - open);
+  std::set<std::string> names;
+  size_t pos = 0;
+  while ((pos = comment.find("\\retval", pos)) != std::string::npos) {
+    const size_t end = comment.find('\n', pos);
+    std::istringstream line(comment.substr(pos, end - pos));
+    std::string word;
+    line >> word;  // \retval
+    while (line >> word) {
+      if (word.back() == ',') word.pop_back();
+      if (word == "as") {
+        line >> word;
+        for (const std::string& n : documented_statuses(header, word)) names.insert(n);
+        break;
+      }
+      if (word.compare(0, 10, "FLASHATTN_") != 0) break;  // the explanation begins
+      if (word.back() == '*') {
+        for (int code : kStatuses) {
+          const std::string name = flashattn_status_string(status_of(code));
+          if (name.compare(0, word.size() - 1, word, 0, word.size() - 1) == 0) names.insert(name);
+        }
+      } else {
+        names.insert(word);
+      }
+    }
+    pos = end;
+  }
+  return names;
+}
+
 }  // namespace
 
 TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status covered") {
@@ -379,12 +445,28 @@ TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status co
     CHECK(!c.fragment.empty());
     statuses.insert(code);
   }
-  // Every status of the 1xx and 2xx groups that a CPU context produces for these four calls.
-  // CONTEXT_BUSY needs a second thread and BACKEND_UNAVAILABLE comes from context creation:
-  // neither can be expressed as a mutation of one call.
-  for (int code : {100, 101, 102, 103, 104, 105, 200}) {
+  // Every status of the 1xx and 2xx groups that a CPU context produces for these four calls,
+  // and OUT_OF_MEMORY of a size that cannot be represented. CONTEXT_BUSY needs a second thread
+  // and BACKEND_UNAVAILABLE comes from context creation: neither can be expressed as a mutation
+  // of one call.
+  for (int code : {100, 101, 102, 103, 104, 105, 200, 300}) {
     INFO("status " << std::string(flashattn_status_string(status_of(code))));
     CHECK(statuses.count(code) == 1);
+  }
+}
+
+TEST_CASE("catalogue: the header documents every status the catalogue expects of a function") {
+  const std::string header = read_file(FLASHATTN_HEADER_FILE);
+  std::map<std::string, std::set<std::string>> documented;
+  for (const char* op : {"forward", "backward", "supported", "workspace_size"}) {
+    documented[op] = documented_statuses(header, std::string("flashattn_") + op);
+    INFO("flashattn_" << op);
+    CHECK(documented[op].count("FLASHATTN_SUCCESS") == 1);
+  }
+  for (const Case& c : catalogue()) {
+    INFO(catalogue_path() << ":" << c.line << " [" << c.id << "] flashattn_" << c.op << " returns "
+                          << c.status_name << ", which its \\retval lines do not list");
+    CHECK(documented[c.op].count(c.status_name) == 1);
   }
 }
 

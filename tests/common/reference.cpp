@@ -27,27 +27,98 @@ int64_t visible(const RefProblem& p, int64_t i) {
 }
 
 // Probabilities of one row into `prob` (size Nk, zeros past the visible keys); returns the LSE.
-double row_probs(const RefProblem& p, const Index& ix, const std::vector<double>& q,
-                 const std::vector<double>& k, int64_t b, int64_t i, int64_t h,
-                 std::vector<double>* prob) {
+template <class Real>
+Real row_probs(const RefProblem& p, const Index& ix, const std::vector<Real>& q,
+               const std::vector<Real>& k, int64_t b, int64_t i, int64_t h,
+               std::vector<Real>* prob) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
   const int64_t n = visible(p, i);
-  std::fill(prob->begin(), prob->end(), 0.0);
-  if (n == 0) return -std::numeric_limits<double>::infinity();
-  double mx = -std::numeric_limits<double>::infinity();
+  const Real scale = static_cast<Real>(p.scale);
+  std::fill(prob->begin(), prob->end(), Real(0));
+  if (n == 0) return -std::numeric_limits<Real>::infinity();
+  Real mx = -std::numeric_limits<Real>::infinity();
   for (int64_t j = 0; j < n; ++j) {
-    double s = 0.0;
+    Real s = 0;
     for (int64_t x = 0; x < p.head_dim; ++x) s += q[ix.q(b, i, h, x)] * k[ix.k(b, j, hk, x)];
-    (*prob)[j] = s * p.scale;
+    (*prob)[j] = s * scale;
     mx = std::max(mx, (*prob)[j]);
   }
-  double sum = 0.0;
+  Real sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     (*prob)[j] = std::exp((*prob)[j] - mx);
     sum += (*prob)[j];
   }
   for (int64_t j = 0; j < n; ++j) (*prob)[j] /= sum;
   return mx + std::log(sum);
+}
+
+template <class Real>
+std::vector<Real> as(const std::vector<double>& x) {
+  return std::vector<Real>(x.begin(), x.end());
+}
+
+void widen(const std::vector<float>& from, std::vector<double>* to) {
+  if (to != nullptr) to->assign(from.begin(), from.end());
+}
+
+template <class Real>
+void forward_in(const RefProblem& p, const std::vector<Real>& q, const std::vector<Real>& k,
+                const std::vector<Real>& v, std::vector<Real>* out, std::vector<Real>* lse) {
+  const Index ix{p};
+  out->assign(q.size(), Real(0));
+  if (lse != nullptr) lse->assign(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q), Real(0));
+  std::vector<Real> prob(static_cast<size_t>(p.seqlen_k));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t hk = h / (p.heads_q / p.heads_kv);
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const Real l = row_probs(p, ix, q, k, b, i, h, &prob);
+        if (lse != nullptr) (*lse)[ix.lse(b, h, i)] = l;
+        for (int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (prob[j] == Real(0)) continue;
+          for (int64_t x = 0; x < p.head_dim; ++x)
+            (*out)[ix.q(b, i, h, x)] += prob[j] * v[ix.k(b, j, hk, x)];
+        }
+      }
+    }
+}
+
+template <class Real>
+void backward_in(const RefProblem& p, const std::vector<Real>& q, const std::vector<Real>& k,
+                 const std::vector<Real>& v, const std::vector<Real>& dout, std::vector<Real>* dq,
+                 std::vector<Real>* dk, std::vector<Real>* dv) {
+  const Index ix{p};
+  const Real scale = static_cast<Real>(p.scale);
+  dq->assign(q.size(), Real(0));
+  dk->assign(k.size(), Real(0));
+  dv->assign(v.size(), Real(0));
+  std::vector<Real> prob(static_cast<size_t>(p.seqlen_k));
+  std::vector<Real> dprob(static_cast<size_t>(p.seqlen_k));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t hk = h / (p.heads_q / p.heads_kv);
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        row_probs(p, ix, q, k, b, i, h, &prob);
+        const int64_t n = visible(p, i);
+        // dP_j = dO . v_j; dS_j = P_j (dP_j - sum_l P_l dP_l)
+        Real dot = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          Real s = 0;
+          for (int64_t x = 0; x < p.head_dim; ++x)
+            s += dout[ix.q(b, i, h, x)] * v[ix.k(b, j, hk, x)];
+          dprob[j] = s;
+          dot += prob[j] * s;
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const Real ds = prob[j] * (dprob[j] - dot) * scale;
+          for (int64_t x = 0; x < p.head_dim; ++x) {
+            (*dq)[ix.q(b, i, h, x)] += ds * k[ix.k(b, j, hk, x)];
+            (*dk)[ix.k(b, j, hk, x)] += ds * q[ix.q(b, i, h, x)];
+            (*dv)[ix.k(b, j, hk, x)] += prob[j] * dout[ix.q(b, i, h, x)];
+          }
+        }
+      }
+    }
 }
 
 }  // namespace
@@ -62,60 +133,34 @@ double library_scale(int64_t head_dim, float requested) {
 void reference_forward(const RefProblem& p, const std::vector<double>& q,
                        const std::vector<double>& k, const std::vector<double>& v,
                        std::vector<double>* out, std::vector<double>* lse) {
-  const Index ix{p};
-  out->assign(q.size(), 0.0);
-  if (lse != nullptr) lse->assign(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q), 0.0);
-  std::vector<double> prob(static_cast<size_t>(p.seqlen_k));
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      const int64_t hk = h / (p.heads_q / p.heads_kv);
-      for (int64_t i = 0; i < p.seqlen_q; ++i) {
-        const double l = row_probs(p, ix, q, k, b, i, h, &prob);
-        if (lse != nullptr) (*lse)[ix.lse(b, h, i)] = l;
-        for (int64_t j = 0; j < p.seqlen_k; ++j) {
-          if (prob[j] == 0.0) continue;
-          for (int64_t x = 0; x < p.head_dim; ++x)
-            (*out)[ix.q(b, i, h, x)] += prob[j] * v[ix.k(b, j, hk, x)];
-        }
-      }
-    }
+  forward_in<double>(p, q, k, v, out, lse);
 }
 
 void reference_backward(const RefProblem& p, const std::vector<double>& q,
                         const std::vector<double>& k, const std::vector<double>& v,
                         const std::vector<double>& dout, std::vector<double>* dq,
                         std::vector<double>* dk, std::vector<double>* dv) {
-  const Index ix{p};
-  dq->assign(q.size(), 0.0);
-  dk->assign(k.size(), 0.0);
-  dv->assign(v.size(), 0.0);
-  std::vector<double> prob(static_cast<size_t>(p.seqlen_k));
-  std::vector<double> dprob(static_cast<size_t>(p.seqlen_k));
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      const int64_t hk = h / (p.heads_q / p.heads_kv);
-      for (int64_t i = 0; i < p.seqlen_q; ++i) {
-        row_probs(p, ix, q, k, b, i, h, &prob);
-        const int64_t n = visible(p, i);
-        // dP_j = dO . v_j; dS_j = P_j (dP_j - sum_l P_l dP_l)
-        double dot = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0.0;
-          for (int64_t x = 0; x < p.head_dim; ++x)
-            s += dout[ix.q(b, i, h, x)] * v[ix.k(b, j, hk, x)];
-          dprob[j] = s;
-          dot += prob[j] * s;
-        }
-        for (int64_t j = 0; j < n; ++j) {
-          const double ds = prob[j] * (dprob[j] - dot) * p.scale;
-          for (int64_t x = 0; x < p.head_dim; ++x) {
-            (*dq)[ix.q(b, i, h, x)] += ds * k[ix.k(b, j, hk, x)];
-            (*dk)[ix.k(b, j, hk, x)] += ds * q[ix.q(b, i, h, x)];
-            (*dv)[ix.k(b, j, hk, x)] += prob[j] * dout[ix.q(b, i, h, x)];
-          }
-        }
-      }
-    }
+  backward_in<double>(p, q, k, v, dout, dq, dk, dv);
+}
+
+void naive_fp32_forward(const RefProblem& p, const std::vector<double>& q,
+                        const std::vector<double>& k, const std::vector<double>& v,
+                        std::vector<double>* out, std::vector<double>* lse) {
+  std::vector<float> o, l;
+  forward_in<float>(p, as<float>(q), as<float>(k), as<float>(v), &o, lse != nullptr ? &l : nullptr);
+  widen(o, out);
+  widen(l, lse);
+}
+
+void naive_fp32_backward(const RefProblem& p, const std::vector<double>& q,
+                         const std::vector<double>& k, const std::vector<double>& v,
+                         const std::vector<double>& dout, std::vector<double>* dq,
+                         std::vector<double>* dk, std::vector<double>* dv) {
+  std::vector<float> gq, gk, gv;
+  backward_in<float>(p, as<float>(q), as<float>(k), as<float>(v), as<float>(dout), &gq, &gk, &gv);
+  widen(gq, dq);
+  widen(gk, dk);
+  widen(gv, dv);
 }
 
 }  // namespace flashattn_test

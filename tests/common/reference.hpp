@@ -1,6 +1,7 @@
 // A float64 reference of attention, forward and backward, for the numerics tests of every
 // backend. Plain loops over contiguous [batch, seqlen, heads, head_dim] double arrays; the LSE
-// is [batch, heads_q, seqlen_q]. Depends on nothing but the standard library.
+// is [batch, heads_q, seqlen_q]. The same loops in float are the naive fp32 implementation that
+// fp32 results are measured against. Depends on nothing but the standard library.
 #pragma once
 
 #include <cstdint>
@@ -35,5 +36,16 @@ void reference_backward(const RefProblem& p, const std::vector<double>& q,
                         const std::vector<double>& k, const std::vector<double>& v,
                         const std::vector<double>& dout, std::vector<double>* dq,
                         std::vector<double>* dk, std::vector<double>* dv);
+
+// The same two computations in float arithmetic throughout (inputs converted to float, results
+// widened back): what a plain, unfused fp32 implementation achieves, the yardstick of the 2x rule
+// for fp32.
+void naive_fp32_forward(const RefProblem& p, const std::vector<double>& q,
+                        const std::vector<double>& k, const std::vector<double>& v,
+                        std::vector<double>* out, std::vector<double>* lse);
+void naive_fp32_backward(const RefProblem& p, const std::vector<double>& q,
+                         const std::vector<double>& k, const std::vector<double>& v,
+                         const std::vector<double>& dout, std::vector<double>* dq,
+                         std::vector<double>* dk, std::vector<double>* dv);
 
 }  // namespace flashattn_test

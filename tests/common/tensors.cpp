@@ -199,6 +199,23 @@ void HostTensor::poison() {
   for_each([&](const int64_t* idx, int64_t) { store(byte_at(idx), nan); });
 }
 
+void HostTensor::set_nonfinite_row(int64_t row) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t h = 0; h < shape_[2]; ++h) {
+    set(0, row, h, 0, inf);
+    set(0, row, h, 1, std::numeric_limits<double>::quiet_NaN());
+    set(0, row, h, 2, -inf);
+  }
+}
+
+void HostTensor::set_nonfinite_rows(int64_t rows) {
+  for (int64_t h = 0; h < shape_[2]; ++h)
+    for (int64_t i = 0; i < rows; ++i) {
+      set(0, i, h, 0, std::numeric_limits<double>::quiet_NaN());
+      set(0, i, h, 1, std::numeric_limits<double>::infinity());
+    }
+}
+
 double HostTensor::get(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const {
   const int64_t idx[4] = {i0, i1, i2, i3};
   return load(byte_at(idx));

@@ -57,6 +57,11 @@ class HostTensor {
   void fill_normal(uint64_t seed, double mean = 0.0, double stddev = 1.0);
   // Every element NaN (outputs: whatever the call leaves unwritten shows).
   void poison();
+  // For the tests of what a mask hides, in batch 0 and every head of a rank-4 tensor: +inf, NaN
+  // and -inf in the first three elements of row `row` (a key of k or v), or NaN and +inf in the
+  // first two elements of each of rows [0, rows).
+  void set_nonfinite_row(int64_t row);
+  void set_nonfinite_rows(int64_t rows);
 
   double get(int64_t i0, int64_t i1, int64_t i2, int64_t i3 = 0) const;
   void set(int64_t i0, int64_t i1, int64_t i2, int64_t i3, double value);  // rounds to dtype

@@ -143,16 +143,14 @@ void expect(const Comparison& cmp, const Case& c) {
   CHECK_MESSAGE(cmp.ok, c.name(), ": ", cmp.message);
 }
 
-// What the standard algorithm may miss the reference by: output rounding to the dtype plus
-// fp32 accumulation, relative to the largest magnitude.
+}  // namespace
+
 double standard_tolerance(flashattn_dtype_t dtype, const std::vector<double>& ref) {
   const double unit = dtype == FLASHATTN_DTYPE_FLOAT32   ? 2e-5
                       : dtype == FLASHATTN_DTYPE_FLOAT16 ? 2e-3
                                                          : 1.6e-2;
   return unit * std::max(1.0, max_abs(ref));
 }
-
-}  // namespace
 
 void check_forward(const Case& c) {
   INFO(c.name());

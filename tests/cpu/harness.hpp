@@ -69,6 +69,10 @@ ForwardResult run_forward(flashattn_context_t ctx, const Case& c, const Inputs& 
 BackwardResult run_backward(flashattn_context_t ctx, const Case& c, const Inputs& in,
                             const ForwardResult& fwd, flashattn_algorithm_t algorithm);
 
+// What the standard algorithm may miss the reference by: output rounding to the dtype plus
+// fp32 accumulation, relative to the largest magnitude.
+double standard_tolerance(flashattn_dtype_t dtype, const std::vector<double>& ref);
+
 // Flash and standard forward against the reference: the rule for out and LSE, no NaN, fully
 // masked rows exactly 0 / -inf, and standard within a plain bound of the reference.
 void check_forward(const Case& c);

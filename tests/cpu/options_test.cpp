@@ -2,6 +2,8 @@
 // count), workspace sizes and caller-owned workspaces, every instruction-set copy, host buffers.
 #include <doctest/doctest.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -241,6 +243,78 @@ TEST_SUITE("cpu_options") {
                               0) == FLASHATTN_SUCCESS);
     CHECK(same_bytes(out, plain.out));
     for (flashattn_buffer_t b : bufs) flashattn_buffer_destroy(b);
+  }
+
+  TEST_CASE("softmax_scale past FLASHATTN_MAX_SOFTMAX_SCALE is refused by every operation") {
+    CpuContext ctx(2);
+    Case c = make(FLASHATTN_DTYPE_FLOAT32, 1, 8, 8, 1, 1, 16, false);
+    const Inputs in = make_inputs(c);
+    const float beyond[] = {std::nextafter(FLASHATTN_MAX_SOFTMAX_SCALE, INFINITY), 1e38f, FLT_MAX,
+                            -FLT_MAX, -std::nextafter(FLASHATTN_MAX_SOFTMAX_SCALE, INFINITY)};
+    for (float scale : beyond) {
+      INFO("softmax_scale " << scale);
+      c.scale = scale;
+      const flashattn_options_t o = options_for(c, FLASHATTN_ALGORITHM_FLASH);
+      const flashattn_tensor_t q = in.q.view(), k = in.k.view(), v = in.v.view();
+      HostTensor out = make_output(c, false);
+      HostTensor lse = HostTensor::lse(1, 1, 8);
+      lse.poison();
+      const flashattn_tensor_t ov = out.view(), lv = lse.view();
+      CHECK(flashattn_forward(ctx.get(), &q, &k, &v, &ov, &lv, &o, nullptr, 0) ==
+            FLASHATTN_ERROR_INVALID_ARGUMENT);
+      CHECK(std::strstr(flashattn_last_error(), "softmax_scale") != nullptr);
+      CHECK(std::strstr(flashattn_last_error(), "FLASHATTN_MAX_SOFTMAX_SCALE") != nullptr);
+      CHECK(check_no_nan("out", out.to_double()).ok == false);  // still poisoned: not written
+      CHECK(flashattn_supported(ctx.get(), &q, &k, &v, &o, 1) == FLASHATTN_ERROR_INVALID_ARGUMENT);
+      size_t bytes = 7;
+      CHECK(flashattn_workspace_size(&bytes, ctx.get(), &q, &k, &v, &o, 0) ==
+            FLASHATTN_ERROR_INVALID_ARGUMENT);
+      CHECK(bytes == 7);
+    }
+  }
+
+  TEST_CASE("at FLASHATTN_MAX_SOFTMAX_SCALE every result is finite: a one-hot softmax") {
+    // Each query's largest score is then ~1e26 above the next: the softmax is one-hot, out is
+    // the v row of that key, and dv sums the dout rows of the queries that picked each key.
+    for (flashattn_dtype_t dtype :
+         {FLASHATTN_DTYPE_FLOAT32, FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
+      for (float scale : {FLASHATTN_MAX_SOFTMAX_SCALE, -FLASHATTN_MAX_SOFTMAX_SCALE})
+        for (bool causal : {false, true})
+          for (flashattn_algorithm_t alg :
+               {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+            Case c = make(dtype, 1, 70, 90, 2, 1, 24, causal);
+            c.scale = scale;
+            const char* algorithm = alg == FLASHATTN_ALGORITHM_FLASH ? " flash" : " standard";
+            INFO(c.name() << std::string(algorithm));
+            CpuContext ctx(2);
+            const Inputs in = make_inputs(c);
+            const ForwardResult f = run_forward(ctx.get(), c, in, alg);
+            const BackwardResult g = run_backward(ctx.get(), c, in, f, alg);
+            for (const HostTensor* t : {&f.out, &f.lse, &g.dq, &g.dk, &g.dv}) {
+              for (double x : t->to_double()) REQUIRE(std::isfinite(x));
+            }
+            std::vector<double> want_dv(static_cast<size_t>(in.v.numel()), 0.0);
+            const int64_t d = c.head_dim, off = c.seqlen_k - c.seqlen_q;
+            for (int64_t h = 0; h < c.heads_q; ++h)
+              for (int64_t i = 0; i < c.seqlen_q; ++i) {
+                const int64_t visible = causal ? std::min(c.seqlen_k, i + off + 1) : c.seqlen_k;
+                int64_t best = 0;
+                double best_score = -INFINITY;
+                for (int64_t j = 0; j < visible; ++j) {
+                  double s = 0;
+                  for (int64_t x = 0; x < d; ++x) s += in.q.get(0, i, h, x) * in.k.get(0, j, 0, x);
+                  s *= scale;
+                  if (s > best_score) best_score = s, best = j;
+                }
+                for (int64_t x = 0; x < d; ++x) {
+                  CHECK(f.out.get(0, i, h, x) == in.v.get(0, best, 0, x));
+                  want_dv[static_cast<size_t>(best * d + x)] += in.dout.get(0, i, h, x);
+                }
+              }
+            const Comparison dv =
+                check_close("dv", g.dv.to_double(), want_dv, standard_tolerance(dtype, want_dv));
+            CHECK_MESSAGE(dv.ok, dv.message);
+          }
   }
 
 }  // TEST_SUITE

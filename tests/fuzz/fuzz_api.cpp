@@ -14,8 +14,9 @@
 // Pointers: on a CPU context the library cannot check a host pointer that lies outside its own
 // buffers, so the harness only hands it NULL, odd garbage addresses (every dtype needs at least
 // 2-byte alignment, so validation rejects them before use), or addresses inside live flashattn
-// buffers (whose ends the library checks). Host workspaces are the harness's own allocations of
-// exactly the size passed.
+// buffers or in the guard the header gives each buffer after its end (the library checks both
+// against the end). Host workspaces are the harness's own allocations of exactly the size passed.
+// A destroyed context or buffer is passed once more, and must be refused.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -55,6 +56,7 @@ constexpr int64_t kMaxCompute = int64_t(1) << 15;      // B * Hq * Nq * Nk * D o
 constexpr int kMaxComputeThreads = 8;                  // more threads: only validation is fuzzed
 constexpr size_t kOptionsBlock = 4096 + 64;            // options storage: sizes up to this are real
 constexpr size_t kMaxFillBytes = size_t(1) << 16;      // of a new buffer; bigger copies are cut too
+constexpr size_t kBufferGuard = 256;  // bytes after a buffer's end checked against it (the header)
 
 // ---------------------------------------------------------------------------------------------
 // Failure reporting.
@@ -334,6 +336,15 @@ class Harness {
     }
     if (ctx_[slot] == nullptr) return;
     EXPECT(check_status(flashattn_context_destroy(ctx_[slot]), "context_destroy") == 0, "");
+    // The handle is stale now: refused, never read (no handle was made since, so no new
+    // context can have its address).
+    int device = 77;
+    EXPECT(check_status(flashattn_context_get_device(&device, ctx_[slot]), "get_device(stale)") ==
+                   FLASHATTN_ERROR_INVALID_ARGUMENT && device == 77,
+           "a destroyed context must be refused");
+    EXPECT(check_status(flashattn_context_destroy(ctx_[slot]), "context_destroy(stale)") ==
+               FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "a context destroyed twice must be refused");
     ctx_[slot] = nullptr;
     threads_[slot] = 0;
   }
@@ -471,6 +482,13 @@ class Harness {
     Buffer& b = bufs_[slot];
     if (b.handle == nullptr) return;
     EXPECT(check_status(flashattn_buffer_destroy(b.handle), "buffer_destroy") == 0, "");
+    size_t size = 77;
+    EXPECT(check_status(flashattn_buffer_size(&size, b.handle), "buffer_size(stale)") ==
+                   FLASHATTN_ERROR_INVALID_ARGUMENT && size == 77,
+           "a destroyed buffer must be refused");
+    EXPECT(check_status(flashattn_buffer_destroy(b.handle), "buffer_destroy(stale)") ==
+               FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "a buffer destroyed twice must be refused");
     b = Buffer{};
     forget_views_of(slot);
   }
@@ -719,13 +737,13 @@ class Harness {
         v.buf = other.buf;
         break;
       }
-      case 5: {  // move the pointer inside its buffer
+      case 5: {  // move the pointer inside its buffer, or to its end and into the guard after it
         if (v.buf < 0) break;
         const Buffer& b = bufs_[v.buf];
         const int64_t step = static_cast<int8_t>(in_.u8());
         const int64_t delta = step * (in_.u8() % 4 == 0 ? 1 : 2);
         const int64_t pos = (static_cast<unsigned char*>(v.t.data) - b.data) + delta;
-        if (pos >= 0 && static_cast<size_t>(pos) < b.size) v.t.data = b.data + pos;
+        if (pos >= 0 && static_cast<size_t>(pos) < b.size + kBufferGuard) v.t.data = b.data + pos;
         break;
       }
       default: v.t.data = fuzz_data(&v.buf); break;
@@ -912,10 +930,10 @@ class Harness {
     if (size >= 16) std::memcpy(&causal, o + offsetof(flashattn_options_t, causal), 4);
     if (size >= 20) std::memcpy(&algorithm, o + offsetof(flashattn_options_t, algorithm), 4);
     if (size >= 24) std::memcpy(&deterministic, o + offsetof(flashattn_options_t, deterministic), 4);
-    valid = valid && std::isfinite(scale) && (causal == 0 || causal == 1) &&
+    valid = valid && std::isfinite(scale) && std::fabs(scale) <= FLASHATTN_MAX_SOFTMAX_SCALE &&
+            (causal == 0 || causal == 1) &&
             (algorithm == 0 || algorithm == 1) && (deterministic == 0 || deterministic == 1);
     options_valid_ = valid;
-    options_scale_ = scale;
     options_deterministic_ = deterministic == 1;
   }
 
@@ -938,9 +956,11 @@ class Harness {
     reset_options(size);
     const uint8_t fields = in_.u8();
     if (fields & 1) {
-      static const float kScales[] = {0.0f, 1.0f, 0.125f, -1.0f, 1e-30f, 1e30f, 1e-45f,
+      // Ordinary, tiny, the largest accepted (both signs), refused and non-finite scales.
+      static const float kScales[] = {0.0f, 1.0f, 0.125f, -1.0f, 1e-30f,
+                                      FLASHATTN_MAX_SOFTMAX_SCALE, 1e-45f,
                                       std::numeric_limits<float>::max(),
-                                      -std::numeric_limits<float>::max(),
+                                      -FLASHATTN_MAX_SOFTMAX_SCALE,
                                       std::numeric_limits<float>::quiet_NaN(),
                                       std::numeric_limits<float>::infinity(),
                                       -std::numeric_limits<float>::infinity()};
@@ -1069,8 +1089,8 @@ class Harness {
     const bool expect_success = pristine_ && canonical && ctx != nullptr &&
                                 (null_opts || (options_known_ && options_valid_)) &&
                                 (compute ? ws_mode <= 4 : !(fn == 3 && ws_mode == 4));
-    const float scale = null_opts ? 0.0f : options_scale_;
-    const bool check_nan = expect_success && std::fabs(scale) <= 1.0f;  // inputs lie in [-2, 2]
+    // Inputs lie in [-2, 2]: every accepted scale must give results without NaN.
+    const bool check_nan = expect_success;
     const bool too_big = compute && (compute_cost(a[0], a[1]) > kMaxCompute ||
                                      (c < kCtxSlots && threads_[c] > kMaxComputeThreads) ||
                                      (c < kCtxSlots && threads_[c] < 0));
@@ -1295,7 +1315,6 @@ class Harness {
   unsigned options_gen_ = 0;
   bool options_known_ = false;
   bool options_valid_ = false;
-  float options_scale_ = 0.0f;
   bool options_deterministic_ = false;
 };
 

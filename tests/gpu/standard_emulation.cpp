@@ -90,8 +90,8 @@ void emulate_standard_forward(const RefProblem& p, flashattn_dtype_t dtype,
 
 void emulate_standard_backward(const RefProblem& p, flashattn_dtype_t dtype,
                                const std::vector<double>& q, const std::vector<double>& k,
-                               const std::vector<double>& v, const std::vector<double>& out,
-                               const std::vector<double>& dout, std::vector<double>* dq,
+                               const std::vector<double>& v, const std::vector<double>& dout,
+                               std::vector<double>* dq,
                                std::vector<double>* dk, std::vector<double>* dv) {
   const Index ix{p};
   dq->assign(q.size(), 0.0);
@@ -107,12 +107,19 @@ void emulate_standard_backward(const RefProblem& p, flashattn_dtype_t dtype,
         const double* dor = &dout[ix.q(b, i, h)];
         const double* qr = &q[ix.q(b, i, h)];
         double* dqr = &(*dq)[ix.q(b, i, h)];
-        const double row_d = static_cast<float>(dot(dor, &out[ix.q(b, i, h)], d));
+        // dP in fp32 (the GEMM's output), D = rowsum(P * dP) over the keys with P != 0.
+        std::vector<double> dp(static_cast<size_t>(p.seqlen_k), 0.0);
+        double row_d = 0.0;
+        for (int64_t j = 0; j < p.seqlen_k; ++j) {
+          if (prob[j] == 0.0) continue;
+          dp[j] = static_cast<float>(dot(dor, &v[ix.k(b, j, hk)], d));
+          row_d += prob[j] * dp[j];
+        }
+        row_d = static_cast<float>(row_d);
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           // P is zero past the mask, and so are dS and P's share of dV.
           if (prob[j] == 0.0) continue;
-          const double dp = static_cast<float>(dot(dor, &v[ix.k(b, j, hk)], d));
-          const double ds = round_to(dtype, prob[j] * (dp - row_d));
+          const double ds = round_to(dtype, prob[j] * (dp[j] - row_d));
           const double* kr = &k[ix.k(b, j, hk)];
           double* dkr = &(*dk)[ix.k(b, j, hk)];
           double* dvr = &(*dv)[ix.k(b, j, hk)];

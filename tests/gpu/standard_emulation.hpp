@@ -20,11 +20,11 @@ void emulate_standard_forward(const flashattn_test::RefProblem& p, flashattn_dty
                               const std::vector<double>& v, std::vector<double>* out,
                               std::vector<double>* lse);
 
-// `out` is the forward output as the backward receives it (already in the dtype).
+// The standard algorithm takes D = rowsum(P * dP), not rowsum(dO * O): no forward output.
 void emulate_standard_backward(const flashattn_test::RefProblem& p, flashattn_dtype_t dtype,
                                const std::vector<double>& q, const std::vector<double>& k,
-                               const std::vector<double>& v, const std::vector<double>& out,
-                               const std::vector<double>& dout, std::vector<double>* dq,
+                               const std::vector<double>& v, const std::vector<double>& dout,
+                               std::vector<double>* dq,
                                std::vector<double>* dk, std::vector<double>* dv);
 
 // Tolerance for "matches the emulation": `ulps` units in the last place of the dtype at the

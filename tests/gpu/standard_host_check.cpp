@@ -31,6 +31,7 @@ using flashattn::DType;
 using flashattn::LseView;
 using flashattn::Problem;
 using flashattn::Tensor4;
+using flashattn::cuda::standard::MatrixView;
 using flashattn::cuda::standard::Strides4;
 
 // ---- host stand-ins for what standard.cpp calls -------------------------------------------
@@ -62,6 +63,7 @@ void store_any(cudaDataType t, void* base, int64_t i, float f) {
 }
 
 int g_gemm_calls = 0;
+int g_redo_calls = 0;
 std::string g_gemm_error;
 
 // cublasGemmStridedBatchedEx's contract, on the host: column-major, C = alpha op(A) op(B) +
@@ -153,29 +155,38 @@ cudaError_t softmax_rows(DType dtype, const float* s, void* p, int64_t ld, int64
   return cudaSuccess;
 }
 
-cudaError_t row_dot(DType dtype, const void* x, Strides4 xs, const void* y, Strides4 ys,
-                    float* dot, int64_t batch, int64_t seqlen, int64_t heads, int64_t dim,
-                    cudaStream_t) {
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < seqlen; ++i) {
-        float acc = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) {
-          acc += load16(dtype, x, b * xs.batch + i * xs.seq + h * xs.head + d) *
-                 load16(dtype, y, b * ys.batch + i * ys.seq + h * ys.head + d);
-        }
-        dot[(b * heads + h) * seqlen + i] = acc;
-      }
+cudaError_t softmax_grad(DType dtype, void* p, const float* dp, int64_t ld, int64_t rows,
+                         int64_t cols, cudaStream_t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float dot = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float pv = load16(dtype, p, r * ld + j);
+      if (pv != 0.0f) dot += pv * dp[r * ld + j];
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      const float pv = load16(dtype, p, r * ld + j);
+      store16(dtype, p, r * ld + j, pv != 0.0f ? pv * (dp[r * ld + j] - dot) : 0.0f);
+    }
+  }
   return cudaSuccess;
 }
 
-cudaError_t softmax_grad(DType dtype, void* p, const float* dp, const float* dot, int64_t ld,
-                         int64_t rows, int64_t cols, cudaStream_t) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
-      const float pv = load16(dtype, p, r * ld + j);
-      store16(dtype, p, r * ld + j, pv * (dp[r * ld + j] - dot[r]));
-    }
+cudaError_t redo_nonfinite(DType dtype, const void* a, MatrixView av, const void* b,
+                           MatrixView bv, void* c, MatrixView cv, int64_t m, int64_t n, int64_t k,
+                           int64_t batch, float alpha, cudaStream_t) {
+  ++g_redo_calls;
+  for (int64_t g = 0; g < batch; ++g)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t at = g * cv.batch + i * cv.row + j;
+        if (std::isfinite(load16(dtype, c, at))) continue;
+        float acc = 0.0f;
+        for (int64_t x = 0; x < k; ++x) {
+          const float ax = load16(dtype, a, g * av.batch + i * av.row + x * av.col);
+          if (ax != 0.0f) acc += ax * load16(dtype, b, g * bv.batch + x * bv.row + j);
+        }
+        store16(dtype, c, at, alpha * acc);
+      }
   return cudaSuccess;
 }
 
@@ -276,6 +287,36 @@ RefProblem ref_of(const Case& c) {
   return r;
 }
 
+flashattn::ForwardArgs forward_args(const Case& c, const Inputs& in, const HostTensor& out,
+                                    const HostTensor& lse) {
+  flashattn::ForwardArgs a;
+  a.problem = problem_of(c);
+  a.q = tensor4(in.q);
+  a.k = tensor4(in.k);
+  a.v = tensor4(in.v);
+  a.out = tensor4(out);
+  a.lse = lse_view(lse);
+  return a;
+}
+
+flashattn::BackwardArgs backward_args(const Case& c, const Inputs& in, const HostTensor& out,
+                                      const HostTensor& dout, const HostTensor& lse,
+                                      const HostTensor& dq, const HostTensor& dk,
+                                      const HostTensor& dv) {
+  flashattn::BackwardArgs a;
+  a.problem = problem_of(c);
+  a.q = tensor4(in.q);
+  a.k = tensor4(in.k);
+  a.v = tensor4(in.v);
+  a.out = tensor4(out);
+  a.dout = tensor4(dout);
+  a.lse = lse_view(lse);
+  a.dq = tensor4(dq);
+  a.dk = tensor4(dk);
+  a.dv = tensor4(dv);
+  return a;
+}
+
 flashattn::cuda::standard::Context host_context() {
   static flashattn::cuda::CublasApi api = [] {
     flashattn::cuda::CublasApi a;
@@ -333,13 +374,7 @@ TEST_CASE("forward: the orchestration matches the emulated algorithm") {
     lse.poison();
     const auto before = out.snapshot();
 
-    flashattn::ForwardArgs a;
-    a.problem = p;
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(out);
-    a.lse = lse_view(lse);
+    const flashattn::ForwardArgs a = forward_args(c, in, out, lse);
     Workspace ws(flashattn::cuda::standard::workspace_size(p, false));
     g_gemm_calls = 0;
     g_gemm_error.clear();
@@ -386,17 +421,7 @@ TEST_CASE("backward: the orchestration matches the emulated algorithm") {
     dv.poison();
     const auto dq_before = dq.snapshot(), dk_before = dk.snapshot(), dv_before = dv.snapshot();
 
-    flashattn::BackwardArgs a;
-    a.problem = p;
-    a.q = tensor4(in.q);
-    a.k = tensor4(in.k);
-    a.v = tensor4(in.v);
-    a.out = tensor4(out);
-    a.dout = tensor4(dout);
-    a.lse = lse_view(lse);
-    a.dq = tensor4(dq);
-    a.dk = tensor4(dk);
-    a.dv = tensor4(dv);
+    const flashattn::BackwardArgs a = backward_args(c, in, out, dout, lse, dq, dk, dv);
     Workspace ws(flashattn::cuda::standard::workspace_size(p, true));
     g_gemm_calls = 0;
     g_gemm_error.clear();
@@ -410,8 +435,8 @@ TEST_CASE("backward: the orchestration matches the emulated algorithm") {
     flashattn_test::reference_backward(r, in.q.to_double(), in.k.to_double(), in.v.to_double(),
                                        dout.to_double(), &dq_ref, &dk_ref, &dv_ref);
     gpu_test::emulate_standard_backward(r, c.dtype, in.q.to_double(), in.k.to_double(),
-                                        in.v.to_double(), out.to_double(), dout.to_double(),
-                                        &dq_emu, &dk_emu, &dv_emu);
+                                        in.v.to_double(), dout.to_double(), &dq_emu, &dk_emu,
+                                        &dv_emu);
     const struct {
       const char* name;
       const HostTensor& got;
@@ -428,6 +453,110 @@ TEST_CASE("backward: the orchestration matches the emulated algorithm") {
           8 * flashattn_test::dtype_atol(c.dtype) * std::max(1.0, flashattn_test::max_abs(g.ref))));
     }
   }
+}
+
+// A causal problem with rows that see no key (0..29) and a key (50) that rows 64..79, in the
+// same query tile as rows that see it, do not see. Runs the orchestration forward or backward.
+struct MaskedProblem {
+  static constexpr int64_t kNq = 100, kNk = 70, kNoKeyRows = 30, kKey = 50, kFirstRowSeeingKey = 80;
+  const Case c{"masked", FLASHATTN_DTYPE_FLOAT16, 1, kNq, kNk, 2, 1, 16, true, 0.0f,
+               Layout::Contiguous};
+
+  Inputs inputs() const { return make_inputs(c); }
+  static void poison_key(HostTensor* t) { t->set_nonfinite_row(kKey); }
+  static void poison_keyless_rows(HostTensor* t) { t->set_nonfinite_rows(kNoKeyRows); }
+  void forward(const Inputs& in, HostTensor* out, HostTensor* lse) const {
+    *out = like(c, c.nq, c.hq);
+    *lse = HostTensor::lse(c.b, c.hq, c.nq);
+    const flashattn::ForwardArgs a = forward_args(c, in, *out, *lse);
+    Workspace ws(flashattn::cuda::standard::workspace_size(a.problem, false));
+    flashattn::cuda::standard::forward(a, ws.data(), ws.size(), host_context());
+  }
+  void backward(const Inputs& in, const HostTensor& out, const HostTensor& lse,
+                const HostTensor& dout, HostTensor grads[3]) const {
+    grads[0] = like(c, c.nq, c.hq);
+    grads[1] = like(c, c.nk, c.hkv);
+    grads[2] = like(c, c.nk, c.hkv);
+    const flashattn::BackwardArgs a =
+        backward_args(c, in, out, dout, lse, grads[0], grads[1], grads[2]);
+    Workspace ws(flashattn::cuda::standard::workspace_size(a.problem, true));
+    flashattn::cuda::standard::backward(a, ws.data(), ws.size(), host_context());
+  }
+};
+
+// Rows [0, rows_end) but `skip` of two [1, N, H, D] results are equal (a NaN never is).
+int64_t rows_differing(const HostTensor& got, const HostTensor& want, int64_t rows_end,
+                       int64_t skip = -1) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows_end; ++i)
+    for (int64_t h = 0; h < got.shape(2) && i != skip; ++h)
+      for (int64_t x = 0; x < got.shape(3); ++x) {
+        n += !(got.get(0, i, h, x) == want.get(0, i, h, x));
+      }
+  return n;
+}
+
+TEST_CASE("forward: a NaN or infinity the mask hides never reaches out or lse") {
+  using M = MaskedProblem;
+  const M m;
+  HostTensor want_out, want_lse, out, lse;
+  m.forward(m.inputs(), &want_out, &want_lse);
+  for (int which = 0; which < 3; ++which) {
+    CAPTURE(which);  // 0: v at the hidden key, 1: k there, 2: q in the rows without keys
+    Inputs in = m.inputs();
+    if (which < 2) M::poison_key(which == 0 ? &in.v : &in.k);
+    if (which == 2) M::poison_keyless_rows(&in.q);
+    g_redo_calls = 0;
+    m.forward(in, &out, &lse);
+    CHECK(g_redo_calls == 1);
+    const int64_t unaffected = which < 2 ? M::kFirstRowSeeingKey : M::kNq;
+    CHECK(rows_differing(out, want_out, unaffected) == 0);
+    for (int64_t h = 0; h < m.c.hq; ++h)
+      for (int64_t i = 0; i < unaffected; ++i) CHECK(lse.get(0, h, i) == want_lse.get(0, h, i));
+    for (int64_t h = 0; h < m.c.hq; ++h)
+      for (int64_t i = 0; i < M::kNoKeyRows; ++i) {
+        CHECK(lse.get(0, h, i) == -INFINITY);
+        for (int64_t x = 0; x < m.c.d; ++x) CHECK(out.get(0, i, h, x) == 0.0);
+      }
+  }
+}
+
+TEST_CASE("backward: a NaN or infinity the mask hides never reaches dq, dk or dv") {
+  using M = MaskedProblem;
+  const M m;
+  const Inputs clean = m.inputs();
+  HostTensor out, lse;
+  m.forward(clean, &out, &lse);
+  HostTensor dout = like(m.c, m.c.nq, m.c.hq);
+  dout.fill_normal(14);
+  HostTensor want[3], got[3];
+  m.backward(clean, out, lse, dout, want);
+  // v, then k, at the hidden key. The rows that see it may get NaN in dq, and so may the dk and
+  // dv of every key those rows see (here: all; D = rowsum(P dP) takes in the key's dP): the
+  // other rows' dq must not. dV = P^T dO never reads v.
+  Inputs in = m.inputs();
+  M::poison_key(&in.v);
+  g_redo_calls = 0;
+  m.backward(in, out, lse, dout, got);
+  CHECK(g_redo_calls == 3);  // after the dV, dQ and dK GEMMs
+  CHECK(rows_differing(got[0], want[0], M::kFirstRowSeeingKey) == 0);
+  CHECK(rows_differing(got[2], want[2], M::kNk) == 0);
+  in = m.inputs();
+  M::poison_key(&in.k);
+  m.backward(in, out, lse, dout, got);
+  CHECK(rows_differing(got[0], want[0], M::kFirstRowSeeingKey) == 0);
+  // q, dout and out in the rows without keys: nothing changes.
+  in = m.inputs();
+  M::poison_keyless_rows(&in.q);
+  HostTensor poisoned_dout = like(m.c, m.c.nq, m.c.hq), poisoned_out = like(m.c, m.c.nq, m.c.hq);
+  poisoned_dout.from_double(dout.to_double());
+  poisoned_out.from_double(out.to_double());
+  M::poison_keyless_rows(&poisoned_dout);
+  M::poison_keyless_rows(&poisoned_out);
+  m.backward(in, poisoned_out, lse, poisoned_dout, got);
+  CHECK(rows_differing(got[0], want[0], M::kNq) == 0);
+  CHECK(rows_differing(got[1], want[1], M::kNk) == 0);
+  CHECK(rows_differing(got[2], want[2], M::kNk) == 0);
 }
 
 TEST_CASE("workspace sizes: overflow is UNSUPPORTED, and limits are stated") {

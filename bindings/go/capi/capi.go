@@ -640,6 +640,7 @@ _swig_i_0 = unsafe.Pointer(arg1)
 	return swig_r_1
 }
 
+const FLASHATTN_MAX_SOFTMAX_SCALE float64 = 1e26
 func Flashattn_options_init(arg1 *Options) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 unsafe.Pointer

@@ -92,6 +92,7 @@ type call struct {
 	contents      map[string][]byte
 	views         map[string]*Tensor
 	passed        map[string]*Tensor
+	ends          map[string]uintptr // each tensor's buffer: its base address plus its size
 	block         []uint64 // the zero-filled storage the options sit at the start of
 	options       *Options
 	optionsSizeof uint64
@@ -104,7 +105,8 @@ type call struct {
 
 func newCall(op string) (*call, error) {
 	c := &call{op: op, buffers: map[string]Buffer{}, contents: map[string][]byte{},
-		views: map[string]*Tensor{}, passed: map[string]*Tensor{}, passOptions: true}
+		views: map[string]*Tensor{}, passed: map[string]*Tensor{}, ends: map[string]uintptr{},
+		passOptions: true}
 	// Output parameters are locals: cgo refuses a pointer into memory that holds Go pointers.
 	var ctx Context
 	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
@@ -143,6 +145,7 @@ func newCall(op string) (*call, error) {
 		if err := Flashattn_buffer_data(&address, buf); err != nil {
 			return c, err
 		}
+		c.ends[name] = address + uintptr(nbytes)
 		view := &Tensor{}
 		var err error
 		if name == "lse" {
@@ -183,6 +186,15 @@ func (c *call) mutate(m string) error {
 	switch {
 	case key == "ctx" && value == "null":
 		c.callCtx = 0
+	case key == "ctx" && value == "destroyed":
+		var stale Context
+		if err := Flashattn_context_create(&stale, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
+			return err
+		}
+		if err := Flashattn_context_destroy(stale); err != nil {
+			return err
+		}
+		c.callCtx = stale
 	case key == "options" && value == "null":
 		c.passOptions = false
 	case strings.HasPrefix(key, "options."):
@@ -326,6 +338,12 @@ func (c *call) mutateView(key, value string) error {
 				return fmt.Errorf("unknown alias in %q", value)
 			}
 			t.Data = u.Data
+		case strings.HasPrefix(value, "end+"):
+			past, err := strconv.Atoi(strings.TrimPrefix(value, "end+"))
+			if err != nil || past < 0 || past > 255 {
+				return fmt.Errorf("end+ takes 0..255 in %q", value)
+			}
+			t.Data = c.ends[name] + uintptr(past)
 		default:
 			return fmt.Errorf("unknown data mutation %q", value)
 		}

@@ -67,7 +67,9 @@ def _int32(value, what):
 
 
 def _float(text):
-    return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(text) or float(text)
+    """The binary32 value of a float field: the literal rounded to float32, as C's strtof does."""
+    special = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+    return special[text] if text in special else float(np.float32(text))
 
 
 class Call:
@@ -78,10 +80,12 @@ class Call:
         self.ctx = low.flashattn_context_create(low.FLASHATTN_BACKEND_CPU, 0)
         self.call_ctx = self.ctx
         self.buffers, self.views, self.passed, self.contents = {}, {}, {}, {}
+        self.ends = {}
         for name, shape in SHAPES.items():
             nbytes = int(np.prod(shape)) * 4
             buf = low.flashattn_buffer_create(self.ctx, nbytes)
             self.buffers[name] = buf
+            self.ends[name] = low.flashattn_buffer_data(buf) + nbytes
             if name in OUTPUTS[op]:
                 data = np.full(nbytes, POISON, dtype=np.uint8)
             else:
@@ -111,6 +115,10 @@ class Call:
             raise ValueError("mutation %r has no '='" % text)
         if key == "ctx" and value == "null":
             self.call_ctx = None
+        elif key == "ctx" and value == "destroyed":
+            stale = low.flashattn_context_create(low.FLASHATTN_BACKEND_CPU, 0)
+            low.flashattn_context_destroy(stale)
+            self.call_ctx = stale
         elif key == "options" and value == "null":
             self.pass_options = False
         elif key.startswith("options."):
@@ -161,6 +169,11 @@ class Call:
                 t.data = t.data + 1
             elif value.startswith("alias:"):
                 t.data = self.views[value[len("alias:"):]].data
+            elif value.startswith("end+"):
+                past = int(value[len("end+"):])
+                if not 0 <= past <= 255:
+                    raise ValueError("end+ takes 0..255, not %d" % past)
+                t.data = self.ends[name] + past
             else:
                 raise ValueError("unknown data mutation %r" % value)
         else:

@@ -265,3 +265,31 @@ def test_low_layer_buffers_round_trip():
             low.flashattn_buffer_destroy(buf)
     finally:
         low.flashattn_context_destroy(ctx)
+
+
+
+# What a forked child finds in its copy of the parent's memory (arguments would be pickled).
+_INHERITED = {}
+
+
+def _forward_in_child():
+    return flashattn.attention(*_INHERITED["qkv"], causal=True, context=_INHERITED["context"])
+
+
+def test_a_forked_child_computes_with_an_inherited_context():
+    # multiprocessing's "fork" start method: the child inherits a context whose thread pool has
+    # started its workers in the parent; it must start its own, not wait for the parent's.
+    import multiprocessing
+
+    qkv = inputs(SHAPES[0], "float32")
+    context = flashattn.Context("cpu")
+    context.set_num_threads(2)
+    want = flashattn.attention(*qkv, causal=True, context=context)
+    _INHERITED.update(qkv=qkv, context=context)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            got = pool.apply_async(_forward_in_child).get(timeout=60)
+    finally:
+        _INHERITED.clear()
+    np.testing.assert_array_equal(got, want)
+    context.close()

@@ -23,7 +23,7 @@ struct Layout {
   int64_t ld_s = 0;  // leading dimension of S, P, dP, dS rows (seqlen_k rounded up to 8)
   int64_t ld_d = 0;  // leading dimension of packed rows (head_dim rounded up to 8)
   size_t s = 0, p = 0, q = 0, k = 0, v = 0, o = 0;  // forward (o: packed output)
-  size_t dout = 0, dot = 0, dq = 0, dk = 0, dv = 0;  // backward
+  size_t dout = 0, dq = 0, dk = 0, dv = 0;  // backward
   size_t total = 0;
 };
 
@@ -81,7 +81,6 @@ Layout plan(const Problem& p, bool backward) {
     l.o = z.take(q_elems, e);
   } else {
     l.dout = z.take(q_elems, e);
-    l.dot = z.take(rows, 4);
     l.dq = z.take(q_elems, e);
     l.dk = z.take(kv_elems, e);
     l.dv = z.take(kv_elems, e);
@@ -171,6 +170,17 @@ void scores_and_probabilities(const Problem& p, const Layout& l, void* ws, const
                "the standard softmax kernel");
 }
 
+// A GEMM multiplies every term: where A is a masked P or dS (0) and B holds a NaN or an
+// infinity the mask hides, C gets 0 * inf. Those elements of C are recomputed without the
+// zero terms (redo_nonfinite); finite ones stay as they are.
+void keep_mask_zeros(const Problem& p, const char* what, const void* a, MatrixView av,
+                     const void* b, MatrixView bv, void* c, MatrixView cv, int64_t m, int64_t k,
+                     int64_t groups, float alpha, const Context& ctx) {
+  check_launch(redo_nonfinite(p.dtype, a, av, b, bv, c, cv, m, p.head_dim, k, groups, alpha,
+                              ctx.stream),
+               what);
+}
+
 void unpack(const Problem& p, const void* from, const Tensor4& to, int64_t heads, int64_t seqlen,
             int64_t ld_d, const char* what, const Context& c) {
   check_launch(copy_4d(p.dtype, from, packed(heads, seqlen, ld_d), to.data, strides_of(to),
@@ -210,6 +220,11 @@ void forward(const ForwardArgs& a, void* ws, size_t ws_size, const Context& c) {
   Gemm{c}("O = P V", CUBLAS_OP_N, CUBLAS_OP_N, p.head_dim, sh.group_rows, p.seqlen_k, 1.0f,
           at(ws, l.v), t, l.ld_d, p.seqlen_k * l.ld_d, at(ws, l.p), t, l.ld_s,
           sh.group_rows * l.ld_s, at(ws, l.o), t, l.ld_d, sh.group_rows * l.ld_d, sh.groups);
+  keep_mask_zeros(p, "O = P V without masked terms", at(ws, l.p),
+                  MatrixView{l.ld_s, 1, sh.group_rows * l.ld_s}, at(ws, l.v),
+                  MatrixView{l.ld_d, 1, p.seqlen_k * l.ld_d}, at(ws, l.o),
+                  MatrixView{l.ld_d, 1, sh.group_rows * l.ld_d}, sh.group_rows, p.seqlen_k,
+                  sh.groups, 1.0f, c);
   unpack(p, at(ws, l.o), a.out, p.heads_q, p.seqlen_q, l.ld_d, "writing out", c);
 }
 
@@ -228,34 +243,43 @@ void backward(const BackwardArgs& a, void* ws, size_t ws_size, const Context& c)
   check_launch(copy_4d(p.dtype, a.dout.data, strides_of(a.dout), at(ws, l.dout), pq, p.batch,
                        p.seqlen_q, p.heads_q, p.head_dim, c.stream),
                "packing dout");
-  float* dot = reinterpret_cast<float*>(at(ws, l.dot));
-  check_launch(row_dot(p.dtype, a.dout.data, strides_of(a.dout), a.out.data, strides_of(a.out),
-                       dot, p.batch, p.seqlen_q, p.heads_q, p.head_dim, c.stream),
-               "D = rowsum(dO * O)");
   scores_and_probabilities(p, l, ws, a.q, a.k, a.v, LseView{}, c);
+  // P and dS rows of a group, and the same seen from the keys' side (transposed).
+  const MatrixView by_rows{l.ld_s, 1, sh.group_rows * l.ld_s};
+  const MatrixView by_keys{1, l.ld_s, sh.group_rows * l.ld_s};
+  const MatrixView q_rows{l.ld_d, 1, sh.group_rows * l.ld_d};
+  const MatrixView kv_rows{l.ld_d, 1, p.seqlen_k * l.ld_d};
 
   // dV = P_g^T dO_g (the GQA group's sum is the GEMM's k-loop): column-major dV^T = dO_g^T P_g.
   Gemm{c}("dV = P^T dO", CUBLAS_OP_N, CUBLAS_OP_T, p.head_dim, p.seqlen_k, sh.group_rows, 1.0f,
           at(ws, l.dout), t, l.ld_d, sh.group_rows * l.ld_d, at(ws, l.p), t, l.ld_s,
           sh.group_rows * l.ld_s, at(ws, l.dv), t, l.ld_d, p.seqlen_k * l.ld_d, sh.groups);
+  keep_mask_zeros(p, "dV = P^T dO without masked terms", at(ws, l.p), by_keys, at(ws, l.dout),
+                  q_rows, at(ws, l.dv), kv_rows, p.seqlen_k, sh.group_rows, sh.groups, 1.0f, c);
   // dP = dO_g V^T into S's memory (S is spent): column-major dP^T = V dO_g^T.
   Gemm{c}("dP = dO V^T", CUBLAS_OP_T, CUBLAS_OP_N, p.seqlen_k, sh.group_rows, p.head_dim, 1.0f,
           at(ws, l.v), t, l.ld_d, p.seqlen_k * l.ld_d, at(ws, l.dout), t, l.ld_d,
           sh.group_rows * l.ld_d, at(ws, l.s), CUDA_R_32F, l.ld_s, sh.group_rows * l.ld_s,
           sh.groups);
-  // dS = P * (dP - D), in place over P (dV has read P already: same stream).
+  // dS = P * (dP - D), D = rowsum(P * dP), in place over P (dV has read P already: same
+  // stream).
   check_launch(softmax_grad(p.dtype, at(ws, l.p), reinterpret_cast<const float*>(at(ws, l.s)),
-                            dot, l.ld_s, rows, p.seqlen_k, c.stream),
+                            l.ld_s, rows, p.seqlen_k, c.stream),
                "dS = P * (dP - D)");
   // dQ_g = scale * dS_g K: column-major dQ_g^T = K^T dS_g^T.
   Gemm{c}("dQ = scale * dS K", CUBLAS_OP_N, CUBLAS_OP_N, p.head_dim, sh.group_rows, p.seqlen_k,
           p.scale, at(ws, l.k), t, l.ld_d, p.seqlen_k * l.ld_d, at(ws, l.p), t, l.ld_s,
           sh.group_rows * l.ld_s, at(ws, l.dq), t, l.ld_d, sh.group_rows * l.ld_d, sh.groups);
+  keep_mask_zeros(p, "dQ = scale * dS K without masked terms", at(ws, l.p), by_rows, at(ws, l.k),
+                  kv_rows, at(ws, l.dq), q_rows, sh.group_rows, p.seqlen_k, sh.groups, p.scale, c);
   // dK = scale * dS_g^T Q_g: column-major dK^T = Q_g^T dS_g.
   Gemm{c}("dK = scale * dS^T Q", CUBLAS_OP_N, CUBLAS_OP_T, p.head_dim, p.seqlen_k,
           sh.group_rows, p.scale, at(ws, l.q), t, l.ld_d, sh.group_rows * l.ld_d, at(ws, l.p), t,
           l.ld_s, sh.group_rows * l.ld_s, at(ws, l.dk), t, l.ld_d, p.seqlen_k * l.ld_d,
           sh.groups);
+  keep_mask_zeros(p, "dK = scale * dS^T Q without masked terms", at(ws, l.p), by_keys,
+                  at(ws, l.q), q_rows, at(ws, l.dk), kv_rows, p.seqlen_k, sh.group_rows, sh.groups,
+                  p.scale, c);
 
   unpack(p, at(ws, l.dq), a.dq, p.heads_q, p.seqlen_q, l.ld_d, "writing dq", c);
   unpack(p, at(ws, l.dk), a.dk, p.heads_kv, p.seqlen_k, l.ld_d, "writing dk", c);

@@ -4,8 +4,11 @@
 //   forward:  S = scale * Q K^T (cuBLAS, fp32)  ->  P = softmax(S + mask) (own kernel, dtype)
 //             ->  O = P V (cuBLAS)
 //   backward: S and P recomputed as in the forward (the forward's P is not trusted to exist),
-//             dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D),
-//             dQ = scale * dS K, dK = scale * dS^T Q (cuBLAS; our kernels for D and dS).
+//             dV = P^T dO, dP = dO V^T, D = rowsum(P * dP), dS = P * (dP - D),
+//             dQ = scale * dS K, dK = scale * dS^T Q (cuBLAS; our kernel for D and dS).
+//   Masked entries of P and dS are 0, and a GEMM would still multiply them with whatever the
+//   mask hides (0 * inf = NaN); elements of O, dV, dQ, dK that come out non-finite are
+//   recomputed without those terms.
 //
 // S and P live in device memory (the workspace): S (and dP) in fp32, P (and dS) in the input
 // dtype, which is what the P V and gradient GEMMs take. Q, K, V (dO) are first copied into a

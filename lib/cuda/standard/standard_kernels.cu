@@ -1,5 +1,6 @@
-// Kernels of the standard (materialized) algorithm: layout copies, the masked row softmax, and
-// the pieces of the softmax gradient. Simple, memory-bound, and exact in fp32 arithmetic:
+// Kernels of the standard (materialized) algorithm: layout copies, the masked row softmax, the
+// softmax gradient, and the pass that keeps masked non-finite values out of the GEMMs' results.
+// Simple, memory-bound, and exact in fp32 arithmetic:
 // expf/logf (no fast-math), no atomics, so results are the same run after run.
 #include "cuda/standard/standard_kernels.hpp"
 
@@ -176,40 +177,57 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One warp per row.
+// One block per row: D = sum_j P_j dP_j, then dS_j = P_j (dP_j - D). A key with P_j = 0 (the
+// mask's, or an exponential that underflowed) takes no part: a NaN or infinity in its dP (from
+// a v the row does not see) must not reach the row as 0 * inf.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    row_dot_kernel(const T* __restrict__ x, Strides4 xs, const T* __restrict__ y, Strides4 ys,
-                   float* __restrict__ dot, int64_t batch, int64_t seqlen, int64_t heads,
-                   int64_t dim) {
-  const int lane = threadIdx.x & 31;
-  const int64_t rows = batch * heads * seqlen;
-  for (int64_t r = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; r < rows;
-       r += int64_t(gridDim.x) * kWarps) {
-    const int64_t i = r % seqlen;
-    const int64_t bh = r / seqlen;
-    const int64_t h = bh % heads;
-    const int64_t b = bh / heads;
-    const T* xr = x + b * xs.batch + i * xs.seq + h * xs.head;
-    const T* yr = y + b * ys.batch + i * ys.seq + h * ys.head;
-    float acc = 0.0f;
-    for (int64_t d = lane; d < dim; d += 32) acc += to_float(xr[d]) * to_float(yr[d]);
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) dot[r] = acc;
+    softmax_grad_kernel(T* __restrict__ p, const float* __restrict__ dp, int64_t ld, int64_t rows,
+                        int64_t cols) {
+  __shared__ float scratch[kWarps];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* prow = p + r * ld;
+    const float* dprow = dp + r * ld;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      const float pj = to_float(prow[j]);
+      if (pj != 0.0f) dot += pj * dprow[j];
+    }
+    dot = block_sum(dot, scratch);
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      const float pj = to_float(prow[j]);
+      prow[j] = from_float<T>(pj != 0.0f ? pj * (dprow[j] - dot) : 0.0f);
+    }
   }
 }
 
+// C = alpha * A B recomputed, element by element, wherever C holds a NaN or an infinity, from the
+// terms whose A factor is nonzero only. A GEMM multiplies every term, so a non-finite B at a
+// term the mask zeroed in A (a key a row does not see, a row that sees no key) spoils C as
+// 0 * inf. Finite elements are left as the GEMM wrote them: the pass costs one read of C.
+// Row-major views: A(m, k) = A[m * a_row + k * a_col], B(k, n) = B[k * ldb + n],
+// C(m, n) = C[m * ldc + n], each batch its stride further on.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    softmax_grad_kernel(T* __restrict__ p, const float* __restrict__ dp,
-                        const float* __restrict__ dot, int64_t ld, int64_t rows, int64_t cols) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float dr = dot[r];
-    T* prow = p + r * ld;
-    const float* dprow = dp + r * ld;
-    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      prow[j] = from_float<T>(to_float(prow[j]) * (dprow[j] - dr));
+    redo_nonfinite_kernel(const T* __restrict__ a, MatrixView av, const T* __restrict__ b,
+                          MatrixView bv, T* __restrict__ c, MatrixView cv, int64_t m, int64_t n,
+                          int64_t k, int64_t batch, float alpha) {
+  const int64_t total = batch * m * n;
+  for (int64_t t = blockIdx.x * int64_t(kThreads) + threadIdx.x; t < total;
+       t += int64_t(gridDim.x) * kThreads) {
+    const int64_t col = t % n;
+    const int64_t row = (t / n) % m;
+    const int64_t g = t / (m * n);
+    T* out = c + g * cv.batch + row * cv.row + col;
+    if (isfinite(to_float(*out))) continue;
+    const T* arow = a + g * av.batch + row * av.row;
+    const T* bcol = b + g * bv.batch + col;
+    float acc = 0.0f;
+    for (int64_t x = 0; x < k; ++x) {
+      const float ax = to_float(arow[x * av.col]);
+      if (ax != 0.0f) acc += ax * to_float(bcol[x * bv.row]);
     }
+    *out = from_float<T>(alpha * acc);
   }
 }
 
@@ -297,37 +315,37 @@ cudaError_t softmax_rows(DType dtype, const float* s, void* p, int64_t ld, int64
   return cudaErrorInvalidValue;
 }
 
-cudaError_t row_dot(DType dtype, const void* x, Strides4 xs, const void* y, Strides4 ys,
-                    float* dot, int64_t batch, int64_t seqlen, int64_t heads, int64_t dim,
-                    cudaStream_t stream) {
-  const unsigned grid = blocks_for(batch * seqlen * heads, kWarps);
+cudaError_t softmax_grad(DType dtype, void* p, const float* dp, int64_t ld, int64_t rows,
+                         int64_t cols, cudaStream_t stream) {
+  const unsigned grid = blocks_for(rows, 1);
   switch (dtype) {
     case DType::F16:
-      row_dot_kernel<__half><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __half*>(x), xs, static_cast<const __half*>(y), ys, dot, batch,
-          seqlen, heads, dim);
+      softmax_grad_kernel<__half><<<grid, kThreads, 0, stream>>>(static_cast<__half*>(p), dp, ld,
+                                                                 rows, cols);
       return cudaGetLastError();
     case DType::BF16:
-      row_dot_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), xs, static_cast<const __nv_bfloat16*>(y), ys,
-          dot, batch, seqlen, heads, dim);
+      softmax_grad_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+          static_cast<__nv_bfloat16*>(p), dp, ld, rows, cols);
       return cudaGetLastError();
     case DType::F32: break;
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t softmax_grad(DType dtype, void* p, const float* dp, const float* dot, int64_t ld,
-                         int64_t rows, int64_t cols, cudaStream_t stream) {
-  const unsigned grid = blocks_for(rows, 1);
+cudaError_t redo_nonfinite(DType dtype, const void* a, MatrixView av, const void* b,
+                           MatrixView bv, void* c, MatrixView cv, int64_t m, int64_t n, int64_t k,
+                           int64_t batch, float alpha, cudaStream_t stream) {
+  const unsigned grid = blocks_for(batch * m * n, kThreads);
   switch (dtype) {
     case DType::F16:
-      softmax_grad_kernel<__half><<<grid, kThreads, 0, stream>>>(static_cast<__half*>(p), dp,
-                                                                 dot, ld, rows, cols);
+      redo_nonfinite_kernel<__half><<<grid, kThreads, 0, stream>>>(
+          static_cast<const __half*>(a), av, static_cast<const __half*>(b), bv,
+          static_cast<__half*>(c), cv, m, n, k, batch, alpha);
       return cudaGetLastError();
     case DType::BF16:
-      softmax_grad_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-          static_cast<__nv_bfloat16*>(p), dp, dot, ld, rows, cols);
+      redo_nonfinite_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(a), av, static_cast<const __nv_bfloat16*>(b), bv,
+          static_cast<__nv_bfloat16*>(c), cv, m, n, k, batch, alpha);
       return cudaGetLastError();
     case DType::F32: break;
   }

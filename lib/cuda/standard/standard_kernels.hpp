@@ -34,15 +34,27 @@ cudaError_t softmax_rows(DType dtype, const float* s, void* p, int64_t ld, int64
                          int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, bool causal,
                          LseView lse, cudaStream_t stream);
 
-// dot[(b * heads + h) * seqlen + i] = sum_d x[b, i, h, d] * y[b, i, h, d] in fp32.
-cudaError_t row_dot(DType dtype, const void* x, Strides4 xs, const void* y, Strides4 ys,
-                    float* dot, int64_t batch, int64_t seqlen, int64_t heads, int64_t dim,
-                    cudaStream_t stream);
+// In place, the softmax gradient dS: p[r, j] = p[r, j] * (dp[r, j] - D[r]) for j < cols, with
+// D[r] = sum_j p[r, j] * dp[r, j] (P in dtype, dP fp32, both with leading dimension ld). Where
+// p[r, j] is 0 the result is 0 and dp[r, j] is not read into D: a NaN or infinity there (from
+// a value the mask hides) stays out.
+cudaError_t softmax_grad(DType dtype, void* p, const float* dp, int64_t ld, int64_t rows,
+                         int64_t cols, cudaStream_t stream);
 
-// In place: p[r, j] = p[r, j] * (dp[r, j] - dot[r]) for j < cols (P in dtype, dP fp32, both
-// with leading dimension ld): the softmax gradient dS.
-cudaError_t softmax_grad(DType dtype, void* p, const float* dp, const float* dot, int64_t ld,
-                         int64_t rows, int64_t cols, cudaStream_t stream);
+// A row-major matrix in memory: element (i, j) at i * row + j * col, each batch `batch` on.
+struct MatrixView {
+  int64_t row = 0;
+  int64_t col = 1;
+  int64_t batch = 0;
+};
+
+// After a GEMM C = alpha * A B (batched, all three in dtype; B and C with col = 1): every
+// element of C that is NaN or infinite is recomputed from the terms whose A factor is nonzero,
+// so that a non-finite B where A is 0 (a masked probability) does not reach C as 0 * inf.
+// Finite elements are not written.
+cudaError_t redo_nonfinite(DType dtype, const void* a, MatrixView av, const void* b,
+                           MatrixView bv, void* c, MatrixView cv, int64_t m, int64_t n, int64_t k,
+                           int64_t batch, float alpha, cudaStream_t stream);
 
 // cudaSuccess when these kernels have an image (SASS or PTX) this device can run, else the
 // error CUDA gives (cudaErrorNoKernelImageForDevice, ...). Call with the device current.

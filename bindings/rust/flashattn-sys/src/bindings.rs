@@ -6,6 +6,7 @@ pub const FLASHATTN_VERSION_PATCH: u32 = 0;
 pub const FLASHATTN_VERSION_STRING: &[u8; 6usize] = b"0.1.0\0";
 pub const FLASHATTN_VERSION_NUMBER: u32 = 100;
 pub const FLASHATTN_MAX_RANK: u32 = 4;
+pub const FLASHATTN_MAX_SOFTMAX_SCALE: f64 = 100000000000000000000000000.0;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __int64_t = ::std::os::raw::c_long;
 pub const flashattn_status_FLASHATTN_SUCCESS: flashattn_status = 0;

@@ -82,6 +82,7 @@ struct Call {
     contents: HashMap<&'static str, Vec<u8>>,
     views: HashMap<&'static str, Box<flashattn_tensor_t>>,
     passed: HashMap<&'static str, bool>,
+    ends: HashMap<&'static str, usize>, // each tensor's buffer: its base address plus its size
     block: Vec<u64>, // zero-filled storage the options sit at the start of
     options_sizeof: usize,
     pass_options: bool,
@@ -98,7 +99,7 @@ impl Call {
         check(unsafe { flashattn_context_create(&mut ctx, flashattn_backend_FLASHATTN_BACKEND_CPU, 0) }, "context");
         let mut c = Call {
             op: op.into(), ctx, call_ctx: ctx, buffers: HashMap::new(), contents: HashMap::new(), views: HashMap::new(),
-            passed: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
+            passed: HashMap::new(), ends: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
             workspace: Vec::new(), workspace_ptr: ptr::null_mut(), workspace_size: 0, backward: 0,
         };
         for name in NAMES {
@@ -116,6 +117,7 @@ impl Call {
             c.contents.insert(name, data);
             let mut address = ptr::null_mut();
             check(unsafe { flashattn_buffer_data(&mut address, buf) }, "data");
+            c.ends.insert(name, address as usize + bytes);
             let mut view = Box::new(unsafe { std::mem::zeroed::<flashattn_tensor_t>() });
             let (a, b2, c2) = (s[0] as i64, s[1] as i64, s[2] as i64);
             if name == "lse" {
@@ -145,6 +147,13 @@ impl Call {
         let int32 = |v: &str| int(v).and_then(|x| i32::try_from(x).map_err(|_| format!("{m}: does not fit the 32-bit field")));
         match (key, value) {
             ("ctx", "null") => self.call_ctx = ptr::null_mut(),
+            ("ctx", "destroyed") => {
+                let mut stale = ptr::null_mut();
+                // SAFETY: a valid out pointer; the handle is destroyed and never used but as an argument.
+                check(unsafe { flashattn_context_create(&mut stale, flashattn_backend_FLASHATTN_BACKEND_CPU, 0) }, "context");
+                check(unsafe { flashattn_context_destroy(stale) }, "context_destroy");
+                self.call_ctx = stale;
+            }
             ("options", "null") => self.pass_options = false,
             ("workspace", n) => {
                 let n = int(n)? as usize;
@@ -194,11 +203,22 @@ impl Call {
                         Some(u) => Some(self.view(u)?.data),
                         None => None,
                     };
+                    let past_end = match value.strip_prefix("end+") {
+                        Some(n) => match n.parse::<usize>() {
+                            Ok(past) if past <= 255 => {
+                                let end = *self.ends.get(name).ok_or_else(|| format!("unknown tensor {name:?}"))?;
+                                Some((end + past) as *mut std::os::raw::c_void)
+                            }
+                            _ => return Err(format!("end+ takes 0..255 in {m:?}")),
+                        },
+                        None => None,
+                    };
                     let t = self.view(name)?;
-                    t.data = match (value, alias) {
-                        ("null", _) => ptr::null_mut(),
-                        ("misalign", _) => t.data.cast::<u8>().wrapping_add(1).cast(),
-                        (_, Some(a)) => a,
+                    t.data = match (value, alias, past_end) {
+                        ("null", _, _) => ptr::null_mut(),
+                        ("misalign", _, _) => t.data.cast::<u8>().wrapping_add(1).cast(),
+                        (_, Some(a), _) => a,
+                        (_, _, Some(p)) => p,
                         _ => return Err(format!("unknown data mutation {value:?}")),
                     };
                     return Ok(());
