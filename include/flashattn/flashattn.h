@@ -36,6 +36,8 @@
  *
  * Layout: Q, K, V, O and their gradients are [batch, seqlen, heads, head_dim], with any strides
  * (counted in elements) whose last one is 1. The log-sum-exp is [batch, heads_q, seqlen_q] fp32.
+ * Variable-length batches (flashattn_args_t) pack them as [total_tokens, heads, head_dim] and
+ * the log-sum-exp as [heads_q, total_q].
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -94,7 +96,9 @@ typedef enum flashattn_status {
 typedef enum flashattn_dtype {
   FLASHATTN_DTYPE_FLOAT32 = 1,  /* IEEE binary32 (CPU backend only) */
   FLASHATTN_DTYPE_FLOAT16 = 2,  /* IEEE binary16 */
-  FLASHATTN_DTYPE_BFLOAT16 = 3  /* bfloat16: the upper 16 bits of a binary32 */
+  FLASHATTN_DTYPE_BFLOAT16 = 3, /* bfloat16: the upper 16 bits of a binary32 */
+  /* Integer types start at 16 (4 to 15 are kept for floating-point types). */
+  FLASHATTN_DTYPE_INT32 = 16    /* int32: sequence offsets (cu_seqlens_q, cu_seqlens_k) only */
 } flashattn_dtype_t;
 
 typedef enum flashattn_backend {
@@ -332,10 +336,22 @@ typedef struct flashattn_options {
                               (bottom-right aligned, as FlashAttention-2 and cuDNN) */
   flashattn_algorithm_t algorithm; /* FLASH (default) or STANDARD */
   int32_t deterministic;   /* 0 or 1; 1: bit-identical backward results run after run */
+  /* Fields added with the attention variants. Every one is 0 by default, and 0 means "off": a
+   * struct zero-filled past the fields a caller sets is the default. */
+  int32_t window;          /* 0 (default) or 1; 1: the sliding window below masks every key
+                              outside i + diag - window_left <= j <= i + diag + window_right, where
+                              diag = seqlen_k - seqlen_q (bottom-right aligned, as causal) */
+  int32_t window_left;     /* keys before the diagonal a query sees; -1: unbounded. 0 when window
+                              is 0 */
+  int32_t window_right;    /* keys after the diagonal a query sees; -1: unbounded. 0 when window
+                              is 0. With causal = 1 the right bound is min(window_right, 0) (an
+                              unbounded one becomes 0) */
+  float softcap;           /* 0 (default): none; else c > 0 and finite: each score s = scale * q.k
+                              becomes c * tanh(s / c) before the masks, ALiBi and the softmax */
 } flashattn_options_t;
 
 #define FLASHATTN_OPTIONS_INIT \
-  { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0 }
+  { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0, 0, 0, 0, 0.0f }
 
 /* Fills *out with the defaults (what FLASHATTN_OPTIONS_INIT gives).
  * \retval FLASHATTN_SUCCESS
@@ -343,19 +359,31 @@ typedef struct flashattn_options {
 FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Attention. Shapes: q [B, Nq, Hq, D], k and v [B, Nk, Hkv, D], Hq a multiple of Hkv (GQA/MQA:
- * query head h reads key/value head h / (Hq / Hkv)), 1 <= D <= 256. out, dout, dq like q; dk,
- * dv like k; lse [B, Hq, Nq] FLOAT32. q, k, v and every output share one dtype. A query row that
- * the causal mask leaves no key gets output 0 and LSE -inf.
+/* Attention. Shapes: q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], Hq a multiple of
+ * Hkv (GQA/MQA: query head h reads key/value head h / (Hq / Hkv)), 1 <= D, Dv <= 256 (Dv, the
+ * head dim of v and of the output, may differ from D, that of q and k). out, dout
+ * [B, Nq, Hq, Dv]; dq like q, dk like k, dv like v; lse [B, Hq, Nq] FLOAT32. q, k, v and every
+ * output share one dtype.
+ *
+ * What is computed, per batch entry and query head h, for query i and key j (diag = Nk - Nq):
+ *   x_ij = s, with s = scale * q_i.k_j
+ *          -> c * tanh(s / c)                  with a softcap c (options.softcap)
+ *          -> ... - slope_h * |i + diag - j|    with ALiBi slopes (flashattn_args_t)
+ *   key j is visible to query i unless causal hides it (j > i + diag) or the sliding window
+ *   does (options.window); out_i = sum_j p_ij v_j and lse_i = log(Z_i) over the visible keys,
+ *   p_ij = e^{x_ij} / Z_i, Z_i = e^{sink_h} + sum_j e^{x_ij} (the sink term only with attention
+ *   sinks, flashattn_args_t, which act as one more key with value 0).
+ * A query row that sees no key gets output 0 and LSE -inf (a sink notwithstanding), dq 0, and
+ * adds nothing to any other gradient.
  *
  * Non-finite values. Scores scale * q.k are computed in fp32; one past fp32's range counts as
- * infinite. A NaN or an infinity where the causal mask hides it never reaches a result: a key a
- * query row does not see adds nothing to that row's output, LSE and dq, and the row nothing to
- * that key's dk and dv; a row that sees no key gets output 0, LSE -inf and dq 0, and adds
- * nothing to any dk or dv, whatever its q, dout and out hold. A NaN or an infinity where a row
- * sees it (in that row's q or dout, in k or v of a key it sees, or in its out for the backward)
- * may make every result computed from it NaN or infinite, as the arithmetic gives: that row's
- * output and LSE; its dq; the dk and dv of the keys it sees. */
+ * infinite. A NaN or an infinity where a mask (causal, window) hides it never reaches a result:
+ * a key a query row does not see adds nothing to that row's output, LSE and dq, and the row
+ * nothing to that key's dk and dv; a row that sees no key gets output 0, LSE -inf and dq 0, and
+ * adds nothing to any dk or dv, whatever its q, dout and out hold. A NaN or an infinity where a
+ * row sees it (in that row's q or dout, in k or v of a key it sees, or in its out for the
+ * backward) may make every result computed from it NaN or infinite, as the arithmetic gives:
+ * that row's output and LSE; its dq; the dk and dv of the keys it sees. */
 
 /* Is this configuration supported by ctx (and, for the backward, `backward` = 1)? Only shapes,
  * dtypes, strides and options are examined; data pointers may be NULL.
@@ -435,6 +463,124 @@ FLASHATTN_API flashattn_status_t flashattn_backward(flashattn_context_t ctx,
                                                     const flashattn_tensor_t *dv,
                                                     const flashattn_options_t *options,
                                                     void *workspace, size_t workspace_size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention with every tensor named: what flashattn_forward and flashattn_backward take, and the
+ * variants that need tensors of their own (ALiBi slopes, attention sinks and their gradient,
+ * variable-length batches). The struct starts with its own size and is read as
+ * flashattn_options_t is (fields are only appended; the library reads the first `size` bytes it
+ * knows, defaults the rest, and accepts a larger size when the bytes it does not know are all
+ * zero); NULL pointers and zeros are the defaults. A call reads only the fields it uses (a
+ * forward does not read dout, dq, dk, dv or dsinks), so one struct can serve a forward and then
+ * its backward.
+ * Memory: every tensor is owned by the caller and lives in the context's memory (host memory for
+ * a CPU context, device memory of its device for CUDA; see the conventions), read or written
+ * during the call (CUDA: until the enqueued work completes); the library keeps no pointer.
+ *
+ * Variable-length batches: with cu_seqlens_q and cu_seqlens_k (both or neither), q, k, v, out,
+ * dout, dq, dk and dv have rank 3, [total_tokens, heads, head_dim], holding the tokens of B
+ * sequences one after another, and lse has rank 2, [Hq, total_q]. Sequence b owns the query rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and the key rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]);
+ * every mask is aligned per sequence (diag = its key count - its query count); a sequence may
+ * have no query or no key (its queries then see no key). Rows past the last offset are neither
+ * read nor written. The offsets start at 0, never decrease and end at most at the tensor's
+ * total_tokens; max_seqlen_q and max_seqlen_k are at least every sequence's length and at most
+ * the total, so that a CUDA launch needs no look at the offsets (the kernels read them on the
+ * device: such calls may be captured in a CUDA graph). A CPU context checks the offsets against
+ * these rules (FLASHATTN_ERROR_INVALID_SHAPE, nothing written); a CUDA context cannot without
+ * reading device memory, and bad offsets there make the results undefined. */
+
+typedef struct flashattn_args {
+  size_t size;                        /* sizeof(flashattn_args_t) as the caller compiled it */
+  const flashattn_options_t *options; /* NULL: the defaults */
+  const flashattn_tensor_t *q;        /* read */
+  const flashattn_tensor_t *k;        /* read */
+  const flashattn_tensor_t *v;        /* read */
+  const flashattn_tensor_t *out;      /* forward: written; backward: read (the forward's) */
+  const flashattn_tensor_t *lse;      /* forward: written (NULL: not wanted); backward: read
+                                         (required) */
+  const flashattn_tensor_t *dout;     /* backward: read */
+  const flashattn_tensor_t *dq;       /* backward: written */
+  const flashattn_tensor_t *dk;       /* backward: written */
+  const flashattn_tensor_t *dv;       /* backward: written */
+  const flashattn_tensor_t *alibi_slopes; /* read; NULL: no ALiBi. FLOAT32, [Hq] (a slope per
+                                         query head) or [B, Hq] (per batch entry and head) */
+  const flashattn_tensor_t *sinks;    /* read; NULL: no sinks. FLOAT32 [Hq]: one logit per query
+                                         head, in every row's softmax denominator */
+  const flashattn_tensor_t *dsinks;   /* backward: written (overwritten, not added to), NULL: not
+                                         wanted; needs sinks. FLOAT32 [Hq]: the gradient of the
+                                         loss with respect to sinks, summed over batch and rows:
+                                         -sum_i e^{sink_h - lse_i} rowsum(dout_i * out_i) */
+  const flashattn_tensor_t *cu_seqlens_q; /* read; NULL: a fixed-length batch. INT32 [B + 1]:
+                                         where each sequence's queries start in the packed rows */
+  const flashattn_tensor_t *cu_seqlens_k; /* read; INT32 [B + 1]: likewise for keys and values */
+  int64_t max_seqlen_q;               /* variable-length batches: the largest query count of a
+                                         sequence (an upper bound); 0 otherwise */
+  int64_t max_seqlen_k;               /* variable-length batches: the largest key count; 0
+                                         otherwise */
+} flashattn_args_t;
+
+#define FLASHATTN_ARGS_INIT                                                                   \
+  { sizeof(flashattn_args_t), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+    NULL, NULL, NULL, NULL, 0, 0 }
+
+/* Fills *out with the defaults (what FLASHATTN_ARGS_INIT gives: every pointer NULL).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL */
+FLASHATTN_API flashattn_status_t flashattn_args_init(flashattn_args_t *out);
+
+/* flashattn_supported for the configuration `args` describes: the options and the shapes,
+ * dtypes and strides of q, k, v and of the variant tensors (alibi_slopes, sinks, cu_seqlens_q,
+ * cu_seqlens_k, and with backward = 1 dsinks), and max_seqlen_q, max_seqlen_k. Data pointers
+ * may be NULL and are not read, so offsets are not checked.
+ * \retval FLASHATTN_SUCCESS            supported
+ * \retval FLASHATTN_ERROR_UNSUPPORTED  valid, but not implemented for this backend or device (the
+ *                                     message names the variant)
+ * \retval FLASHATTN_ERROR_INVALID_*    ctx or args is NULL (INVALID_ARGUMENT), or the views,
+ *                                     options or lengths are wrong (the message says how) */
+FLASHATTN_API flashattn_status_t flashattn_supported_ex(flashattn_context_t ctx,
+                                                        const flashattn_args_t *args,
+                                                        int backward);
+
+/* flashattn_workspace_size for `args` (examined as flashattn_supported_ex does).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out, ctx or args is NULL
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported_ex
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY     the workspace is too large for a size_t */
+FLASHATTN_API flashattn_status_t flashattn_workspace_size_ex(size_t *out, flashattn_context_t ctx,
+                                                             const flashattn_args_t *args,
+                                                             int backward);
+
+/* flashattn_forward for `args`: out and (when given) lse from q, k, v and the variants.
+ * Memory, workspace, stream and output guarantees as flashattn_forward; every status below means
+ * what it means there, and also:
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT     args is NULL; max lengths without offsets
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE        slopes or sinks of the wrong shape; offsets or
+ *                                              max lengths that break the rules above
+ * \retval FLASHATTN_ERROR_INVALID_DTYPE        slopes, sinks or dsinks not FLOAT32; offsets not
+ *                                              INT32
+ * \retval FLASHATTN_ERROR_INVALID_STRIDE       a variant tensor's strides
+ * \retval FLASHATTN_ERROR_INVALID_MEMORY       a variant tensor's memory
+ * \retval FLASHATTN_ERROR_WORKSPACE_TOO_SMALL
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY
+ * \retval FLASHATTN_ERROR_UNSUPPORTED          a variant this backend does not implement (the
+ *                                              message names it); fields of args past those
+ *                                              this library knows are set
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY
+ * \retval FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY
+ * \retval FLASHATTN_ERROR_DEVICE */
+FLASHATTN_API flashattn_status_t flashattn_forward_ex(flashattn_context_t ctx,
+                                                      const flashattn_args_t *args,
+                                                      void *workspace, size_t workspace_size);
+
+/* flashattn_backward for `args`: dq, dk, dv (and dsinks when given) from q, k, v, out, lse,
+ * dout and the variants, which must be the forward's. Memory, workspace, stream and output
+ * guarantees as flashattn_forward (outputs: dq, dk, dv, dsinks).
+ * \retval as flashattn_forward_ex */
+FLASHATTN_API flashattn_status_t flashattn_backward_ex(flashattn_context_t ctx,
+                                                       const flashattn_args_t *args,
+                                                       void *workspace, size_t workspace_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -181,6 +181,53 @@ Workspace workspace_for(ContextState& state, size_t backend_needed, void* worksp
   return Workspace{static_cast<char*>(workspace) + pad, workspace_size - pad};
 }
 
+// The arguments struct the plain entry points fill from their parameters.
+flashattn_args_t plain_args(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
+                            const flashattn_tensor_t* v, const flashattn_options_t* options) {
+  flashattn_args_t a = FLASHATTN_ARGS_INIT;
+  a.options = options;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  return a;
+}
+
+// The bodies every pair of entry points (plain and _ex) shares.
+void supported(ContextState& state, const flashattn_args_t& args, bool backward) {
+  const Problem p = validate_problem(args, backward);
+  state.backend->check_supported(p, backward);
+}
+
+size_t workspace_size(ContextState& state, const flashattn_args_t& args, bool backward) {
+  const Problem p = validate_problem(args, backward);
+  state.backend->check_supported(p, backward);
+  return workspace_query(state.backend->workspace_size(p, backward));
+}
+
+void forward(ContextState& state, const flashattn_args_t& args, void* workspace,
+             size_t workspace_size) {
+  std::vector<CheckedView> views;
+  const ForwardArgs a = validate_forward(args, &views);
+  state.backend->check_supported(a.problem, false);
+  ContextUse use(state);
+  check_memory(state, views);
+  const size_t needed = state.backend->workspace_size(a.problem, false);
+  Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+  state.backend->forward(a, ws);
+}
+
+void backward(ContextState& state, const flashattn_args_t& args, void* workspace,
+              size_t workspace_size) {
+  std::vector<CheckedView> views;
+  const BackwardArgs a = validate_backward(args, &views);
+  state.backend->check_supported(a.problem, true);
+  ContextUse use(state);
+  check_memory(state, views);
+  const size_t needed = state.backend->workspace_size(a.problem, true);
+  Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+  state.backend->backward(a, ws);
+}
+
 }  // namespace
 }  // namespace flashattn
 
@@ -467,6 +514,14 @@ FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t* out
   });
 }
 
+FLASHATTN_API flashattn_status_t flashattn_args_init(flashattn_args_t* out) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    flashattn_args_t a = FLASHATTN_ARGS_INIT;
+    *out = a;
+  });
+}
+
 FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
                                                      const flashattn_tensor_t* q,
                                                      const flashattn_tensor_t* k,
@@ -474,9 +529,16 @@ FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
                                                      const flashattn_options_t* options,
                                                      int backward) {
   return guarded(__func__, [&] {
+    supported(state_of(ctx), plain_args(q, k, v, options), backward != 0);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_supported_ex(flashattn_context_t ctx,
+                                                        const flashattn_args_t* args,
+                                                        int backward) {
+  return guarded(__func__, [&] {
     ContextState& state = state_of(ctx);
-    Problem p = validate_problem(q, k, v, options, nullptr);
-    state.backend->check_supported(p, backward != 0);
+    supported(state, read_args(args), backward != 0);
   });
 }
 
@@ -488,10 +550,17 @@ FLASHATTN_API flashattn_status_t flashattn_workspace_size(size_t* out, flashattn
                                                           int backward) {
   return guarded(__func__, [&] {
     require_out(out);
+    *out = workspace_size(state_of(ctx), plain_args(q, k, v, options), backward != 0);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_workspace_size_ex(size_t* out, flashattn_context_t ctx,
+                                                             const flashattn_args_t* args,
+                                                             int backward) {
+  return guarded(__func__, [&] {
+    require_out(out);
     ContextState& state = state_of(ctx);
-    Problem p = validate_problem(q, k, v, options, nullptr);
-    state.backend->check_supported(p, backward != 0);
-    *out = workspace_query(state.backend->workspace_size(p, backward != 0));
+    *out = workspace_size(state, read_args(args), backward != 0);
   });
 }
 
@@ -504,15 +573,19 @@ FLASHATTN_API flashattn_status_t flashattn_forward(flashattn_context_t ctx,
                                                    const flashattn_options_t* options,
                                                    void* workspace, size_t workspace_size) {
   return guarded(__func__, [&] {
+    flashattn_args_t a = plain_args(q, k, v, options);
+    a.out = out;
+    a.lse = lse;
+    forward(state_of(ctx), a, workspace, workspace_size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_forward_ex(flashattn_context_t ctx,
+                                                      const flashattn_args_t* args,
+                                                      void* workspace, size_t workspace_size) {
+  return guarded(__func__, [&] {
     ContextState& state = state_of(ctx);
-    std::vector<CheckedView> views;
-    ForwardArgs args = validate_forward(q, k, v, out, lse, options, &views);
-    state.backend->check_supported(args.problem, false);
-    ContextUse use(state);
-    check_memory(state, views);
-    const size_t needed = state.backend->workspace_size(args.problem, false);
-    Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
-    state.backend->forward(args, ws);
+    forward(state, read_args(args), workspace, workspace_size);
   });
 }
 
@@ -523,15 +596,23 @@ FLASHATTN_API flashattn_status_t flashattn_backward(
     const flashattn_tensor_t* dv, const flashattn_options_t* options, void* workspace,
     size_t workspace_size) {
   return guarded(__func__, [&] {
+    flashattn_args_t a = plain_args(q, k, v, options);
+    a.out = out;
+    a.dout = dout;
+    a.lse = lse;
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    backward(state_of(ctx), a, workspace, workspace_size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_backward_ex(flashattn_context_t ctx,
+                                                       const flashattn_args_t* args,
+                                                       void* workspace, size_t workspace_size) {
+  return guarded(__func__, [&] {
     ContextState& state = state_of(ctx);
-    std::vector<CheckedView> views;
-    BackwardArgs args = validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options, &views);
-    state.backend->check_supported(args.problem, true);
-    ContextUse use(state);
-    check_memory(state, views);
-    const size_t needed = state.backend->workspace_size(args.problem, true);
-    Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
-    state.backend->backward(args, ws);
+    backward(state, read_args(args), workspace, workspace_size);
   });
 }
 

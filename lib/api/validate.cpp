@@ -15,10 +15,27 @@ namespace {
 
 constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;  // kernels index sizes with 32-bit ints
 constexpr int64_t kMaxHeadDim = 256;
-constexpr size_t kMaxOptionsSize = 4096;
+constexpr size_t kMaxStructSize = 4096;  // the largest size a caller's struct may claim
 
-const char* const kDimNames4[4] = {"batch", "seqlen", "heads", "head_dim"};
-const char* const kDimNamesLse[3] = {"batch", "heads", "seqlen"};
+// What a view of one role looks like: its rank, the names of its dimensions, and whether its
+// last stride must be 1 (the head_dim of q, k, v and the outputs).
+struct ViewKind {
+  int rank;
+  const char* dims[FLASHATTN_MAX_RANK];
+  const char* layout;
+  bool unit_last;
+};
+
+const ViewKind kHeads4 = {4, {"batch", "seqlen", "heads", "head_dim"},
+                          "[batch, seqlen, heads, head_dim]", true};
+const ViewKind kHeads3 = {3, {"total_tokens", "heads", "head_dim"},
+                          "[total_tokens, heads, head_dim] of a variable-length batch", true};
+const ViewKind kLse3 = {3, {"batch", "heads", "seqlen"}, "[batch, heads, seqlen]", false};
+const ViewKind kLse2 = {2, {"heads", "total_tokens"},
+                        "[heads, total_tokens] of a variable-length batch", false};
+const ViewKind kPerHead = {1, {"heads"}, "[heads_q]", false};
+const ViewKind kPerBatchHead = {2, {"batch", "heads"}, "[batch, heads_q]", false};
+const ViewKind kOffsets = {1, {"batch + 1"}, "[batch + 1]", false};
 
 std::string shape_string(const flashattn_tensor_t* t) {
   std::string s = "[";
@@ -29,13 +46,27 @@ std::string shape_string(const flashattn_tensor_t* t) {
   return s + "]";
 }
 
+std::string shape_string(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) {
+    if (s.size() > 1) s += ", ";
+    s += std::to_string(d);
+  }
+  return s + "]";
+}
+
 const char* dtype_string(flashattn_dtype_t t) {
   switch (t) {
     case FLASHATTN_DTYPE_FLOAT32: return "float32";
     case FLASHATTN_DTYPE_FLOAT16: return "float16";
     case FLASHATTN_DTYPE_BFLOAT16: return "bfloat16";
+    case FLASHATTN_DTYPE_INT32: return "int32";
   }
   return "unknown";
+}
+
+size_t dtype_bytes(flashattn_dtype_t t) {
+  return t == FLASHATTN_DTYPE_FLOAT16 || t == FLASHATTN_DTYPE_BFLOAT16 ? 2 : 4;
 }
 
 struct Dim {
@@ -66,39 +97,43 @@ bool nested_layout(Dim* dims, int n) {
   return true;
 }
 
+void check_rank(const char* name, const flashattn_tensor_t* t, const ViewKind& kind) {
+  if (t->rank != kind.rank) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: rank is %d, expected %d (%s)", name, t->rank,
+         kind.rank, kind.layout);
+  }
+}
+
 // The element-level checks of one view: dtype, rank, sizes, strides, extent.
-CheckedView check_view(const char* name, const flashattn_tensor_t* t, int rank, bool output,
-                       bool need_data) {
+CheckedView check_view(const char* name, const flashattn_tensor_t* t, const ViewKind& kind,
+                       bool output, bool need_data) {
   if (t == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
   const int32_t dtype = enum_bits(t->dtype);
   if (dtype != FLASHATTN_DTYPE_FLOAT32 && dtype != FLASHATTN_DTYPE_FLOAT16 &&
-      dtype != FLASHATTN_DTYPE_BFLOAT16) {
+      dtype != FLASHATTN_DTYPE_BFLOAT16 && dtype != FLASHATTN_DTYPE_INT32) {
     fail(FLASHATTN_ERROR_INVALID_DTYPE, "%s: unknown dtype %d", name, static_cast<int>(dtype));
   }
-  const char* const* dim_names = rank == 4 ? kDimNames4 : kDimNamesLse;
-  if (t->rank != rank) {
-    fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: rank is %d, expected %d (%s)", name, t->rank, rank,
-         rank == 4 ? "[batch, seqlen, heads, head_dim]" : "[batch, heads, seqlen]");
-  }
+  check_rank(name, t, kind);
+  const int rank = kind.rank;
   for (int i = 0; i < rank; ++i) {
     if (t->shape[i] < 1) {
       fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: shape[%d] (%s) is %lld, must be >= 1", name, i,
-           dim_names[i], static_cast<long long>(t->shape[i]));
+           kind.dims[i], static_cast<long long>(t->shape[i]));
     }
     if (t->shape[i] > kMaxDim) {
       fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: shape[%d] (%s) is %lld, exceeds 2^31 - 1", name, i,
-           dim_names[i], static_cast<long long>(t->shape[i]));
+           kind.dims[i], static_cast<long long>(t->shape[i]));
     }
     if (t->strides[i] < 0) {
       fail(FLASHATTN_ERROR_INVALID_STRIDE, "%s: strides[%d] (%s) is %lld, must be >= 0", name, i,
-           dim_names[i], static_cast<long long>(t->strides[i]));
+           kind.dims[i], static_cast<long long>(t->strides[i]));
     }
   }
-  if (rank == 4 && t->strides[3] != 1) {
-    fail(FLASHATTN_ERROR_INVALID_STRIDE, "%s: strides[3] (head_dim) is %lld, must be 1", name,
-         static_cast<long long>(t->strides[3]));
+  if (kind.unit_last && t->strides[rank - 1] != 1) {
+    fail(FLASHATTN_ERROR_INVALID_STRIDE, "%s: strides[%d] (head_dim) is %lld, must be 1", name,
+         rank - 1, static_cast<long long>(t->strides[rank - 1]));
   }
-  const size_t elem = t->dtype == FLASHATTN_DTYPE_FLOAT32 ? 4 : 2;
+  const size_t elem = dtype_bytes(t->dtype);
   // Largest element offset and the byte extent, every product and sum checked in 64 bits.
   int64_t max_offset = 0;
   for (int i = 0; i < rank; ++i) {
@@ -140,6 +175,21 @@ CheckedView check_view(const char* name, const flashattn_tensor_t* t, int rank, 
   return c;
 }
 
+void expect_dtype(const CheckedView& c, flashattn_dtype_t want) {
+  if (c.view->dtype != want) {
+    fail(FLASHATTN_ERROR_INVALID_DTYPE, "%s: dtype %s, must be %s", c.name,
+         dtype_string(c.view->dtype), dtype_string(want));
+  }
+}
+
+void expect_floating(const CheckedView& c) {
+  if (c.view->dtype == FLASHATTN_DTYPE_INT32) {
+    fail(FLASHATTN_ERROR_INVALID_DTYPE,
+         "%s: dtype int32 is not an element type of attention (float32, float16 or bfloat16)",
+         c.name);
+  }
+}
+
 void expect_same_dtype(const CheckedView& a, const CheckedView& ref) {
   if (a.view->dtype != ref.view->dtype) {
     fail(FLASHATTN_ERROR_INVALID_DTYPE, "%s: dtype %s differs from %s's %s", a.name,
@@ -147,16 +197,18 @@ void expect_same_dtype(const CheckedView& a, const CheckedView& ref) {
   }
 }
 
-void expect_dim(const CheckedView& a, int dim, const CheckedView& ref, int ref_dim) {
+// Dimension `dim` of a against dimension `ref_dim` of ref (q/k/v-like views of one kind).
+void expect_dim(const CheckedView& a, int dim, const CheckedView& ref, int ref_dim,
+                const ViewKind& kind) {
   if (a.view->shape[dim] != ref.view->shape[ref_dim]) {
     fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: %s %lld differs from %s's %lld", a.name,
-         kDimNames4[dim], static_cast<long long>(a.view->shape[dim]), ref.name,
+         kind.dims[dim], static_cast<long long>(a.view->shape[dim]), ref.name,
          static_cast<long long>(ref.view->shape[ref_dim]));
   }
 }
 
 void expect_same_shape(const CheckedView& a, const CheckedView& ref) {
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < a.view->rank; ++i) {
     if (a.view->shape[i] != ref.view->shape[i]) {
       fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: shape %s differs from %s's %s", a.name,
            shape_string(a.view).c_str(), ref.name, shape_string(ref.view).c_str());
@@ -164,24 +216,14 @@ void expect_same_shape(const CheckedView& a, const CheckedView& ref) {
   }
 }
 
-CheckedView check_lse(const flashattn_tensor_t* lse, const Problem& p, bool output) {
-  CheckedView c = check_view("lse", lse, 3, output, true);
-  if (lse->dtype != FLASHATTN_DTYPE_FLOAT32) {
-    fail(FLASHATTN_ERROR_INVALID_DTYPE, "lse: dtype %s, must be float32", dtype_string(lse->dtype));
-  }
-  const int64_t want[3] = {p.batch, p.heads_q, p.seqlen_q};
-  if (lse->shape[0] != want[0] || lse->shape[1] != want[1] || lse->shape[2] != want[2]) {
-    fail(FLASHATTN_ERROR_INVALID_SHAPE,
-         "lse: shape %s, expected [batch, heads_q, seqlen_q] = [%lld, %lld, %lld]",
-         shape_string(lse).c_str(), static_cast<long long>(want[0]),
-         static_cast<long long>(want[1]), static_cast<long long>(want[2]));
-  }
-  return c;
-}
-
 Tensor4 tensor4(const flashattn_tensor_t* t) {
   Tensor4 r;
   r.data = t->data;
+  if (t->rank == 3) {  // a variable-length batch: rows are addressed by their offsets
+    r.stride_seq = t->strides[0];
+    r.stride_head = t->strides[1];
+    return r;
+  }
   r.stride_batch = t->strides[0];
   r.stride_seq = t->strides[1];
   r.stride_head = t->strides[2];
@@ -192,9 +234,23 @@ LseView lse_view(const flashattn_tensor_t* t) {
   LseView r;
   if (t == nullptr) return r;
   r.data = static_cast<float*>(t->data);
+  if (t->rank == 2) {
+    r.stride_head = t->strides[0];
+    r.stride_seq = t->strides[1];
+    return r;
+  }
   r.stride_batch = t->strides[0];
   r.stride_head = t->strides[1];
   r.stride_seq = t->strides[2];
+  return r;
+}
+
+template <class T>
+Vector<T> vector_view(const flashattn_tensor_t* t) {
+  Vector<T> r;
+  if (t == nullptr) return r;
+  r.data = static_cast<T*>(t->data);
+  r.stride = t->strides[0];
   return r;
 }
 
@@ -209,6 +265,155 @@ void check_aliasing(const std::vector<CheckedView>& views) {
              views[j].name);
       }
     }
+  }
+}
+
+// ---- Size-prefixed structs -------------------------------------------------------------------
+// A caller's struct is read as far as its size says and this library knows: the defaults first,
+// then the bytes the caller has; a size that ends inside a field, or bytes this library does not
+// know that are set, are refused (the first as a mistake, the second as a newer caller's).
+
+struct StructInfo {
+  const char* name;   // "options"
+  const char* init;   // "flashattn_options_init() or FLASHATTN_OPTIONS_INIT"
+  size_t known;       // sizeof of this library's struct
+  const size_t* field_ends;
+  size_t fields;
+};
+
+std::string field_end_list(const StructInfo& info) {
+  std::string s;
+  for (size_t i = 0; i < info.fields; ++i) {
+    if (i > 0) s += i + 1 == info.fields ? " and " : ", ";
+    s += std::to_string(info.field_ends[i]);
+  }
+  return s;
+}
+
+void read_sized(const StructInfo& info, const void* caller, void* defaults) {
+  size_t size;
+  std::memcpy(&size, caller, sizeof size);
+  if (size < sizeof(size_t)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: size is %zu; fill the struct with %s", info.name,
+         size, info.init);
+  }
+  if (size > kMaxStructSize) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: size %zu is not a plausible struct size",
+         info.name, size);
+  }
+  // A size that ends inside a field would hand the library half a value.
+  if (size > sizeof(size_t) && size < info.known) {
+    bool at_field_end = false;
+    for (size_t i = 0; i < info.fields; ++i) at_field_end = at_field_end || size == info.field_ends[i];
+    if (!at_field_end) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: size %zu ends inside a field (fields end at %s bytes)",
+           info.name, size, field_end_list(info).c_str());
+    }
+  }
+  const auto* bytes = static_cast<const unsigned char*>(caller);
+  for (size_t i = info.known; i < size; ++i) {
+    if (bytes[i] != 0) {
+      fail(FLASHATTN_ERROR_UNSUPPORTED,
+           "%s: fields past the %zu bytes this library knows are set; they need a newer "
+           "flashattn",
+           info.name, info.known);
+    }
+  }
+  std::memcpy(static_cast<unsigned char*>(defaults) + sizeof(size_t), bytes + sizeof(size_t),
+              std::min(size, info.known) - sizeof(size_t));
+}
+
+#define FLASHATTN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
+
+constexpr size_t kOptionsFieldEnds[] = {
+    FLASHATTN_FIELD_END(flashattn_options_t, softmax_scale),
+    FLASHATTN_FIELD_END(flashattn_options_t, causal),
+    FLASHATTN_FIELD_END(flashattn_options_t, algorithm),
+    FLASHATTN_FIELD_END(flashattn_options_t, deterministic),
+    FLASHATTN_FIELD_END(flashattn_options_t, window),
+    FLASHATTN_FIELD_END(flashattn_options_t, window_left),
+    FLASHATTN_FIELD_END(flashattn_options_t, window_right),
+    FLASHATTN_FIELD_END(flashattn_options_t, softcap),
+};
+
+constexpr size_t kArgsFieldEnds[] = {
+    FLASHATTN_FIELD_END(flashattn_args_t, options),
+    FLASHATTN_FIELD_END(flashattn_args_t, q),
+    FLASHATTN_FIELD_END(flashattn_args_t, k),
+    FLASHATTN_FIELD_END(flashattn_args_t, v),
+    FLASHATTN_FIELD_END(flashattn_args_t, out),
+    FLASHATTN_FIELD_END(flashattn_args_t, lse),
+    FLASHATTN_FIELD_END(flashattn_args_t, dout),
+    FLASHATTN_FIELD_END(flashattn_args_t, dq),
+    FLASHATTN_FIELD_END(flashattn_args_t, dk),
+    FLASHATTN_FIELD_END(flashattn_args_t, dv),
+    FLASHATTN_FIELD_END(flashattn_args_t, alibi_slopes),
+    FLASHATTN_FIELD_END(flashattn_args_t, sinks),
+    FLASHATTN_FIELD_END(flashattn_args_t, dsinks),
+    FLASHATTN_FIELD_END(flashattn_args_t, cu_seqlens_q),
+    FLASHATTN_FIELD_END(flashattn_args_t, cu_seqlens_k),
+    FLASHATTN_FIELD_END(flashattn_args_t, max_seqlen_q),
+    FLASHATTN_FIELD_END(flashattn_args_t, max_seqlen_k),
+};
+
+#undef FLASHATTN_FIELD_END
+
+static_assert(kOptionsFieldEnds[sizeof(kOptionsFieldEnds) / sizeof(size_t) - 1] ==
+                  sizeof(flashattn_options_t),
+              "the last field of flashattn_options_t is listed");
+static_assert(kArgsFieldEnds[sizeof(kArgsFieldEnds) / sizeof(size_t) - 1] == sizeof(flashattn_args_t),
+              "the last field of flashattn_args_t is listed");
+
+// ---- Option values --------------------------------------------------------------------------
+
+void check_option_values(const flashattn_options_t& o) {
+  if (!std::isfinite(o.softmax_scale)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: softmax_scale is %g, must be finite (0 selects 1/sqrt(head_dim))",
+         static_cast<double>(o.softmax_scale));
+  }
+  if (std::fabs(o.softmax_scale) > FLASHATTN_MAX_SOFTMAX_SCALE) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: softmax_scale is %g; its magnitude must not exceed FLASHATTN_MAX_SOFTMAX_SCALE "
+         "(%g), past which the scores of ordinary inputs overflow fp32",
+         static_cast<double>(o.softmax_scale), static_cast<double>(FLASHATTN_MAX_SOFTMAX_SCALE));
+  }
+  if (o.causal != 0 && o.causal != 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: causal is %d, must be 0 or 1", o.causal);
+  }
+  const int32_t algorithm = enum_bits(o.algorithm);
+  if (algorithm != FLASHATTN_ALGORITHM_FLASH && algorithm != FLASHATTN_ALGORITHM_STANDARD) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: algorithm is %d, must be FLASHATTN_ALGORITHM_FLASH (0) or _STANDARD (1)",
+         static_cast<int>(algorithm));
+  }
+  if (o.deterministic != 0 && o.deterministic != 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: deterministic is %d, must be 0 or 1",
+         o.deterministic);
+  }
+  if (o.window != 0 && o.window != 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: window is %d, must be 0 or 1", o.window);
+  }
+  const struct {
+    const char* name;
+    int32_t value;
+  } bounds[] = {{"window_left", o.window_left}, {"window_right", o.window_right}};
+  for (const auto& bound : bounds) {
+    if (o.window == 0 && bound.value != 0) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "options: %s is %d but window is 0; set window = 1 to apply a sliding window", bound.name,
+           bound.value);
+    }
+    if (bound.value < -1) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "options: %s is %d, must be >= 0, or -1 for no bound on that side", bound.name,
+           bound.value);
+    }
+  }
+  if (!std::isfinite(o.softcap) || o.softcap < 0.0f) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: softcap is %g, must be 0 (none) or a finite cap > 0",
+         static_cast<double>(o.softcap));
   }
 }
 
@@ -254,189 +459,338 @@ bool views_may_overlap(const CheckedView& a, const CheckedView& b) {
   return representable(diff_bytes / static_cast<int64_t>(a.elem_size), dims, 0, n, inner_max);
 }
 
+
 flashattn_options_t read_options(const flashattn_options_t* options) {
   flashattn_options_t o;
+  std::memset(&o, 0, sizeof o);  // every field past `size` defaults to 0
   o.size = sizeof(o);
-  o.softmax_scale = 0.0f;
-  o.causal = 0;
   o.algorithm = FLASHATTN_ALGORITHM_FLASH;
-  o.deterministic = 0;
   if (options == nullptr) return o;
-  const size_t size = options->size;
-  if (size < sizeof(size_t)) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-         "options: size is %zu; fill the struct with flashattn_options_init() or "
-         "FLASHATTN_OPTIONS_INIT",
-         size);
-  }
-  if (size > kMaxOptionsSize) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: size %zu is not a plausible struct size",
-         size);
-  }
-  // A size that ends inside a field would hand the library half a value.
-  const size_t field_ends[] = {offsetof(flashattn_options_t, softmax_scale) + sizeof(float),
-                               offsetof(flashattn_options_t, causal) + sizeof(int32_t),
-                               offsetof(flashattn_options_t, algorithm) + sizeof(int32_t),
-                               offsetof(flashattn_options_t, deterministic) + sizeof(int32_t)};
-  if (size > sizeof(size_t) && size < sizeof(o)) {
-    bool at_field_end = false;
-    for (size_t end : field_ends) at_field_end = at_field_end || size == end;
-    if (!at_field_end) {
-      fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-           "options: size %zu ends inside a field (fields end at 12, 16, 20 and %zu bytes)", size,
-           sizeof(o));
-    }
-  }
-  const auto* bytes = reinterpret_cast<const unsigned char*>(options);
-  for (size_t i = sizeof(o); i < size; ++i) {
-    if (bytes[i] != 0) {
-      fail(FLASHATTN_ERROR_UNSUPPORTED,
-           "options: fields past the %zu bytes this library knows are set; they need a newer "
-           "flashattn",
-           sizeof(o));
-    }
-  }
-  std::memcpy(reinterpret_cast<unsigned char*>(&o) + sizeof(size_t), bytes + sizeof(size_t),
-              std::min(size, sizeof(o)) - sizeof(size_t));
+  const StructInfo info{"options", "flashattn_options_init() or FLASHATTN_OPTIONS_INIT",
+                        sizeof(flashattn_options_t), kOptionsFieldEnds,
+                        sizeof(kOptionsFieldEnds) / sizeof(size_t)};
+  read_sized(info, options, &o);
   o.size = sizeof(o);
-  if (!std::isfinite(o.softmax_scale)) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-         "options: softmax_scale is %g, must be finite (0 selects 1/sqrt(head_dim))",
-         static_cast<double>(o.softmax_scale));
-  }
-  if (std::fabs(o.softmax_scale) > FLASHATTN_MAX_SOFTMAX_SCALE) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-         "options: softmax_scale is %g; its magnitude must not exceed FLASHATTN_MAX_SOFTMAX_SCALE "
-         "(%g), past which the scores of ordinary inputs overflow fp32",
-         static_cast<double>(o.softmax_scale), static_cast<double>(FLASHATTN_MAX_SOFTMAX_SCALE));
-  }
-  if (o.causal != 0 && o.causal != 1) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: causal is %d, must be 0 or 1", o.causal);
-  }
-  const int32_t algorithm = enum_bits(o.algorithm);
-  if (algorithm != FLASHATTN_ALGORITHM_FLASH && algorithm != FLASHATTN_ALGORITHM_STANDARD) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-         "options: algorithm is %d, must be FLASHATTN_ALGORITHM_FLASH (0) or _STANDARD (1)",
-         static_cast<int>(algorithm));
-  }
-  if (o.deterministic != 0 && o.deterministic != 1) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "options: deterministic is %d, must be 0 or 1",
-         o.deterministic);
-  }
+  check_option_values(o);
   return o;
+}
+
+flashattn_args_t read_args(const flashattn_args_t* args) {
+  if (args == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+  flashattn_args_t a;
+  std::memset(&a, 0, sizeof a);
+  const StructInfo info{"args", "flashattn_args_init() or FLASHATTN_ARGS_INIT",
+                        sizeof(flashattn_args_t), kArgsFieldEnds,
+                        sizeof(kArgsFieldEnds) / sizeof(size_t)};
+  read_sized(info, args, &a);
+  a.size = sizeof(a);
+  return a;
 }
 
 namespace {
 
-Problem problem_of(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                   const flashattn_tensor_t* v, const flashattn_options_t* options,
-                   bool need_data, std::vector<CheckedView>* views) {
-  const flashattn_options_t o = read_options(options);
-  CheckedView cq = check_view("q", q, 4, false, need_data);
-  CheckedView ck = check_view("k", k, 4, false, need_data);
-  CheckedView cv = check_view("v", v, 4, false, need_data);
+// Which call the checks are for: a query (supported, workspace_size) looks at no data pointer.
+struct CallKind {
+  bool backward;
+  bool need_data;
+};
+
+// The views of q, k, v and of the variants, with the problem they describe. Built in the order
+// the checks run, so that the first wrong argument is the one reported.
+struct Configuration {
+  Problem problem;
+  const ViewKind* heads = &kHeads4;  // q, k, v, out, dout, dq, dk, dv
+  const ViewKind* lse = &kLse3;
+  CheckedView q, k, v;
+  std::vector<CheckedView> variant_views;  // alibi, sinks, offsets (inputs)
+};
+
+void check_lengths(const flashattn_args_t& a, const CheckedView& q, const CheckedView& k) {
+  const struct {
+    const char* name;
+    int64_t value;
+    const CheckedView& of;
+  } maxima[] = {{"max_seqlen_q", a.max_seqlen_q, q}, {"max_seqlen_k", a.max_seqlen_k, k}};
+  for (const auto& m : maxima) {
+    if (m.value < 0) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE, "args: %s is %lld, must be >= 0", m.name,
+           static_cast<long long>(m.value));
+    }
+    if (m.value > m.of.view->shape[0]) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "args: %s is %lld, more than %s's %lld tokens (no sequence can be longer)", m.name,
+           static_cast<long long>(m.value), m.of.name, static_cast<long long>(m.of.view->shape[0]));
+    }
+  }
+}
+
+CheckedView check_offsets(const char* name, const flashattn_tensor_t* t, bool need_data) {
+  CheckedView c = check_view(name, t, kOffsets, false, need_data);
+  expect_dtype(c, FLASHATTN_DTYPE_INT32);
+  if (t->shape[0] < 2) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE,
+         "%s: shape %s holds %lld offset; a batch of B sequences needs B + 1 >= 2", name,
+         shape_string(t).c_str(), static_cast<long long>(t->shape[0]));
+  }
+  return c;
+}
+
+// A fp32 tensor of one value per query head, or per batch entry and query head.
+CheckedView check_per_head(const char* name, const flashattn_tensor_t* t, const Problem& p,
+                           bool allow_per_batch, bool output, bool need_data) {
+  if (t == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+  const bool per_batch = allow_per_batch && t->rank == 2;
+  if (allow_per_batch && t->rank != 1 && t->rank != 2) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: rank is %d, expected 1 (%s) or 2 (%s)", name,
+         t->rank, kPerHead.layout, kPerBatchHead.layout);
+  }
+  CheckedView c = check_view(name, t, per_batch ? kPerBatchHead : kPerHead, output, need_data);
+  expect_dtype(c, FLASHATTN_DTYPE_FLOAT32);
+  const bool fits = per_batch ? t->shape[0] == p.batch && t->shape[1] == p.heads_q
+                              : t->shape[0] == p.heads_q;
+  if (!fits) {
+    if (allow_per_batch) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: shape %s, expected [heads_q] = %s or "
+           "[batch, heads_q] = %s", name, shape_string(t).c_str(),
+           shape_string({p.heads_q}).c_str(), shape_string({p.batch, p.heads_q}).c_str());
+    }
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: shape %s, expected [heads_q] = %s", name,
+         shape_string(t).c_str(), shape_string({p.heads_q}).c_str());
+  }
+  return c;
+}
+
+Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
+  Configuration cfg;
+  const flashattn_options_t o = read_options(a.options);
+  const bool varlen = a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr;
+  if (varlen) {
+    cfg.heads = &kHeads3;
+    cfg.lse = &kLse2;
+  }
+  const ViewKind& kind = *cfg.heads;
+  const int hd = kind.rank - 1, heads = kind.rank - 2, rows = kind.rank - 3;  // dimension indices
+  cfg.q = check_view("q", a.q, kind, false, call.need_data);
+  expect_floating(cfg.q);
+  cfg.k = check_view("k", a.k, kind, false, call.need_data);
+  cfg.v = check_view("v", a.v, kind, false, call.need_data);
+  const CheckedView &cq = cfg.q, &ck = cfg.k, &cv = cfg.v;
   expect_same_dtype(ck, cq);
   expect_same_dtype(cv, cq);
-  expect_dim(ck, 0, cq, 0);
-  expect_dim(cv, 0, cq, 0);
-  expect_dim(ck, 3, cq, 3);
-  expect_dim(cv, 3, cq, 3);
-  expect_dim(cv, 1, ck, 1);
-  expect_dim(cv, 2, ck, 2);
-  if (q->shape[3] > kMaxHeadDim) {
-    fail(FLASHATTN_ERROR_INVALID_SHAPE, "q: head_dim %lld exceeds the maximum %lld",
-         static_cast<long long>(q->shape[3]), static_cast<long long>(kMaxHeadDim));
+  if (!varlen) {
+    expect_dim(ck, 0, cq, 0, kind);
+    expect_dim(cv, 0, cq, 0, kind);
   }
-  if (q->shape[2] % k->shape[2] != 0) {
+  expect_dim(ck, hd, cq, hd, kind);
+  expect_dim(cv, rows, ck, rows, kind);
+  expect_dim(cv, heads, ck, heads, kind);
+  for (const CheckedView* c : {&cq, &cv}) {
+    if (c->view->shape[hd] > kMaxHeadDim) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: head_dim %lld exceeds the maximum %lld", c->name,
+           static_cast<long long>(c->view->shape[hd]), static_cast<long long>(kMaxHeadDim));
+    }
+  }
+  if (a.q->shape[heads] % a.k->shape[heads] != 0) {
     fail(FLASHATTN_ERROR_INVALID_SHAPE,
          "q: heads %lld is not a multiple of k's heads %lld (GQA/MQA needs heads_q = g * heads_kv)",
-         static_cast<long long>(q->shape[2]), static_cast<long long>(k->shape[2]));
+         static_cast<long long>(a.q->shape[heads]), static_cast<long long>(a.k->shape[heads]));
   }
-  Problem p;
-  p.dtype = static_cast<DType>(q->dtype);
-  p.batch = q->shape[0];
-  p.seqlen_q = q->shape[1];
-  p.seqlen_k = k->shape[1];
-  p.heads_q = q->shape[2];
-  p.heads_kv = k->shape[2];
-  p.head_dim = q->shape[3];
+  Problem& p = cfg.problem;
+  p.dtype = static_cast<DType>(a.q->dtype);
+  p.heads_q = a.q->shape[heads];
+  p.heads_kv = a.k->shape[heads];
+  p.head_dim = a.q->shape[hd];
+  p.head_dim_v = a.v->shape[hd];
+  if (varlen) {
+    if (a.cu_seqlens_q == nullptr || a.cu_seqlens_k == nullptr) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (a variable-length "
+           "batch needs the offsets of both)", a.cu_seqlens_q == nullptr ? "cu_seqlens_q" :
+           "cu_seqlens_k", a.cu_seqlens_q == nullptr ? "cu_seqlens_k" : "cu_seqlens_q");
+    }
+    const CheckedView cu_q = check_offsets("cu_seqlens_q", a.cu_seqlens_q, call.need_data);
+    const CheckedView cu_k = check_offsets("cu_seqlens_k", a.cu_seqlens_k, call.need_data);
+    if (a.cu_seqlens_k->shape[0] != a.cu_seqlens_q->shape[0]) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "cu_seqlens_k: %lld offsets differ from cu_seqlens_q's %lld (one per sequence, and one "
+           "more)", static_cast<long long>(a.cu_seqlens_k->shape[0]),
+           static_cast<long long>(a.cu_seqlens_q->shape[0]));
+    }
+    check_lengths(a, cq, ck);
+    cfg.variant_views.push_back(cu_q);
+    cfg.variant_views.push_back(cu_k);
+    p.varlen = true;
+    p.batch = a.cu_seqlens_q->shape[0] - 1;
+    p.seqlen_q = a.max_seqlen_q;
+    p.seqlen_k = a.max_seqlen_k;
+    p.total_q = a.q->shape[0];
+    p.total_k = a.k->shape[0];
+  } else {
+    if (a.max_seqlen_q != 0 || a.max_seqlen_k != 0) {
+      fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+           "args: max_seqlen_%s is %lld but there are no offsets (max lengths belong to a "
+           "variable-length batch, with cu_seqlens_q and cu_seqlens_k)",
+           a.max_seqlen_q != 0 ? "q" : "k",
+           static_cast<long long>(a.max_seqlen_q != 0 ? a.max_seqlen_q : a.max_seqlen_k));
+    }
+    p.batch = a.q->shape[0];
+    p.seqlen_q = a.q->shape[1];
+    p.seqlen_k = a.k->shape[1];
+    p.total_q = p.batch * p.seqlen_q;
+    p.total_k = p.batch * p.seqlen_k;
+  }
+  if (a.alibi_slopes != nullptr) {
+    cfg.variant_views.push_back(
+        check_per_head("alibi_slopes", a.alibi_slopes, p, true, false, call.need_data));
+    p.alibi = a.alibi_slopes->rank == 2 ? Alibi::PerBatchHead : Alibi::PerHead;
+  }
+  if (a.sinks != nullptr) {
+    cfg.variant_views.push_back(check_per_head("sinks", a.sinks, p, false, false, call.need_data));
+    p.sinks = true;
+  }
+  if (call.backward && a.dsinks != nullptr && a.sinks == nullptr) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "dsinks is given but sinks is NULL (there is no sink to take the gradient of)");
+  }
   p.scale = o.softmax_scale != 0.0f ? o.softmax_scale
                                     : static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
-  p.causal = o.causal != 0;
   p.algorithm = static_cast<Algorithm>(o.algorithm);
   p.deterministic = o.deterministic != 0;
-  if (views != nullptr) {
-    views->push_back(cq);
-    views->push_back(ck);
-    views->push_back(cv);
+  p.softcap = o.softcap;
+  p.window_left = o.window != 0 ? o.window_left : -1;
+  p.window_right = o.window != 0 ? o.window_right : -1;
+  if (o.causal != 0) p.window_right = p.window_right < 0 ? 0 : std::min<int64_t>(p.window_right, 0);
+  p.causal = p.window_right == 0;  // a window (-1, 0) is the causal mask, whoever asked for it
+  return cfg;
+}
+
+// out and dout: q's rows and heads, v's head_dim.
+CheckedView check_output_like(const char* name, const flashattn_tensor_t* t,
+                              const Configuration& cfg, bool output) {
+  CheckedView c = check_view(name, t, *cfg.heads, output, true);
+  expect_same_dtype(c, cfg.q);
+  const int rank = cfg.heads->rank;
+  bool same = true;
+  for (int i = 0; i + 1 < rank; ++i) same = same && t->shape[i] == cfg.q.view->shape[i];
+  same = same && t->shape[rank - 1] == cfg.v.view->shape[rank - 1];
+  if (!same) {
+    if (cfg.problem.head_dim == cfg.problem.head_dim_v) expect_same_shape(c, cfg.q);
+    std::string want = "[";
+    for (int i = 0; i < rank; ++i) {
+      if (i) want += ", ";
+      want += std::to_string(i + 1 < rank ? cfg.q.view->shape[i] : cfg.v.view->shape[i]);
+    }
+    want += "]";
+    fail(FLASHATTN_ERROR_INVALID_SHAPE,
+         "%s: shape %s, expected %s (q's sizes with v's head_dim)", name, shape_string(t).c_str(),
+         want.c_str());
   }
-  return p;
+  return c;
 }
 
 CheckedView check_like(const char* name, const flashattn_tensor_t* t, const CheckedView& ref,
-                       bool output) {
-  CheckedView c = check_view(name, t, 4, output, true);
+                       const Configuration& cfg, bool output) {
+  CheckedView c = check_view(name, t, *cfg.heads, output, true);
   expect_same_dtype(c, ref);
   expect_same_shape(c, ref);
   return c;
 }
 
-}  // namespace
-
-Problem validate_problem(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                         const flashattn_tensor_t* v, const flashattn_options_t* options,
-                         std::vector<CheckedView>* views) {
-  return problem_of(q, k, v, options, false, views);
+CheckedView check_lse(const flashattn_tensor_t* lse, const Configuration& cfg, bool output) {
+  CheckedView c = check_view("lse", lse, *cfg.lse, output, true);
+  expect_dtype(c, FLASHATTN_DTYPE_FLOAT32);
+  const Problem& p = cfg.problem;
+  if (p.varlen) {
+    if (lse->shape[0] != p.heads_q || lse->shape[1] != p.total_q) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "lse: shape %s, expected [heads_q, total_q] = %s", shape_string(lse).c_str(),
+           shape_string({p.heads_q, p.total_q}).c_str());
+    }
+    return c;
+  }
+  if (lse->shape[0] != p.batch || lse->shape[1] != p.heads_q || lse->shape[2] != p.seqlen_q) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE,
+         "lse: shape %s, expected [batch, heads_q, seqlen_q] = %s", shape_string(lse).c_str(),
+         shape_string({p.batch, p.heads_q, p.seqlen_q}).c_str());
+  }
+  return c;
 }
 
-ForwardArgs validate_forward(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                             const flashattn_tensor_t* v, const flashattn_tensor_t* out,
-                             const flashattn_tensor_t* lse, const flashattn_options_t* options,
-                             std::vector<CheckedView>* views) {
-  ForwardArgs a;
-  a.problem = problem_of(q, k, v, options, true, views);
-  const CheckedView& cq = (*views)[0];
-  views->push_back(check_like("out", out, cq, true));
-  if (lse != nullptr) views->push_back(check_lse(lse, a.problem, /*output=*/true));
+VariantViews variant_views(const flashattn_args_t& a) {
+  VariantViews r;
+  if (a.alibi_slopes != nullptr) {
+    r.alibi.data = static_cast<const float*>(a.alibi_slopes->data);
+    r.alibi.stride_batch = a.alibi_slopes->rank == 2 ? a.alibi_slopes->strides[0] : 0;
+    r.alibi.stride_head = a.alibi_slopes->strides[a.alibi_slopes->rank - 1];
+  }
+  r.sinks = vector_view<const float>(a.sinks);
+  r.cu_seqlens_q = vector_view<const int32_t>(a.cu_seqlens_q);
+  r.cu_seqlens_k = vector_view<const int32_t>(a.cu_seqlens_k);
+  return r;
+}
+
+void keep_views(const Configuration& cfg, std::vector<CheckedView>* views) {
+  views->push_back(cfg.q);
+  views->push_back(cfg.k);
+  views->push_back(cfg.v);
+  views->insert(views->end(), cfg.variant_views.begin(), cfg.variant_views.end());
+}
+
+}  // namespace
+
+Problem validate_problem(const flashattn_args_t& args, bool backward) {
+  Configuration cfg = configuration_of(args, CallKind{backward, false});
+  if (backward && args.dsinks != nullptr) {
+    check_per_head("dsinks", args.dsinks, cfg.problem, false, true, false);
+  }
+  return cfg.problem;
+}
+
+ForwardArgs validate_forward(const flashattn_args_t& args, std::vector<CheckedView>* views) {
+  const Configuration cfg = configuration_of(args, CallKind{false, true});
+  keep_views(cfg, views);
+  views->push_back(check_output_like("out", args.out, cfg, true));
+  if (args.lse != nullptr) views->push_back(check_lse(args.lse, cfg, /*output=*/true));
   check_aliasing(*views);
-  a.q = tensor4(q);
-  a.k = tensor4(k);
-  a.v = tensor4(v);
-  a.out = tensor4(out);
-  a.lse = lse_view(lse);
+  ForwardArgs a;
+  a.problem = cfg.problem;
+  a.q = tensor4(args.q);
+  a.k = tensor4(args.k);
+  a.v = tensor4(args.v);
+  a.out = tensor4(args.out);
+  a.lse = lse_view(args.lse);
+  a.variants = variant_views(args);
   return a;
 }
 
-BackwardArgs validate_backward(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                               const flashattn_tensor_t* v, const flashattn_tensor_t* out,
-                               const flashattn_tensor_t* dout, const flashattn_tensor_t* lse,
-                               const flashattn_tensor_t* dq, const flashattn_tensor_t* dk,
-                               const flashattn_tensor_t* dv, const flashattn_options_t* options,
-                               std::vector<CheckedView>* views) {
-  BackwardArgs a;
-  a.problem = problem_of(q, k, v, options, true, views);
-  const CheckedView cq = (*views)[0];
-  const CheckedView ck = (*views)[1];
-  const CheckedView cv = (*views)[2];
-  views->push_back(check_like("out", out, cq, false));
-  views->push_back(check_like("dout", dout, cq, false));
-  if (lse == nullptr) {
+BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<CheckedView>* views) {
+  const Configuration cfg = configuration_of(args, CallKind{true, true});
+  keep_views(cfg, views);
+  views->push_back(check_output_like("out", args.out, cfg, false));
+  views->push_back(check_output_like("dout", args.dout, cfg, false));
+  if (args.lse == nullptr) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse is NULL; the backward needs the forward's lse");
   }
-  views->push_back(check_lse(lse, a.problem, /*output=*/false));
-  views->push_back(check_like("dq", dq, cq, true));
-  views->push_back(check_like("dk", dk, ck, true));
-  views->push_back(check_like("dv", dv, cv, true));
+  views->push_back(check_lse(args.lse, cfg, /*output=*/false));
+  views->push_back(check_like("dq", args.dq, cfg.q, cfg, true));
+  views->push_back(check_like("dk", args.dk, cfg.k, cfg, true));
+  views->push_back(check_like("dv", args.dv, cfg.v, cfg, true));
+  if (args.dsinks != nullptr) {
+    views->push_back(check_per_head("dsinks", args.dsinks, cfg.problem, false, true, true));
+  }
   check_aliasing(*views);
-  a.q = tensor4(q);
-  a.k = tensor4(k);
-  a.v = tensor4(v);
-  a.out = tensor4(out);
-  a.dout = tensor4(dout);
-  a.lse = lse_view(lse);
-  a.dq = tensor4(dq);
-  a.dk = tensor4(dk);
-  a.dv = tensor4(dv);
+  BackwardArgs a;
+  a.problem = cfg.problem;
+  a.q = tensor4(args.q);
+  a.k = tensor4(args.k);
+  a.v = tensor4(args.v);
+  a.out = tensor4(args.out);
+  a.dout = tensor4(args.dout);
+  a.lse = lse_view(args.lse);
+  a.dq = tensor4(args.dq);
+  a.dk = tensor4(args.dk);
+  a.dv = tensor4(args.dv);
+  a.variants = variant_views(args);
+  a.dsinks = vector_view<float>(args.dsinks);
   return a;
 }
 

@@ -1,5 +1,7 @@
 // Checks every view and option the C API receives and turns them into the plain structs the
 // backends take. Each failure throws Error with a status and a message naming the argument.
+// The plain entry points (flashattn_forward, ...) and the _ex ones share one path: the plain
+// ones fill a flashattn_args_t with their arguments.
 #pragma once
 
 #include <cstdint>
@@ -32,25 +34,17 @@ struct CheckedView {
 
 // Defaults, then the first options->size bytes the library knows of (NULL: all defaults).
 flashattn_options_t read_options(const flashattn_options_t* options);
+// The same for the arguments struct of the _ex calls (NULL: INVALID_ARGUMENT).
+flashattn_args_t read_args(const flashattn_args_t* args);
 
-// Shapes, dtypes, strides and options of q, k, v; data pointers are not looked at.
-Problem validate_problem(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                         const flashattn_tensor_t* v, const flashattn_options_t* options,
-                         std::vector<CheckedView>* views);
+// Shapes, dtypes, strides and options of a configuration (what flashattn_supported and
+// flashattn_workspace_size examine); data pointers are not looked at.
+Problem validate_problem(const flashattn_args_t& args, bool backward);
 
 // The forward's and backward's full checks, data pointers and aliasing included (memory
 // spaces are the backend's to check). `views` receives every view for those checks.
-ForwardArgs validate_forward(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                             const flashattn_tensor_t* v, const flashattn_tensor_t* out,
-                             const flashattn_tensor_t* lse, const flashattn_options_t* options,
-                             std::vector<CheckedView>* views);
-
-BackwardArgs validate_backward(const flashattn_tensor_t* q, const flashattn_tensor_t* k,
-                               const flashattn_tensor_t* v, const flashattn_tensor_t* out,
-                               const flashattn_tensor_t* dout, const flashattn_tensor_t* lse,
-                               const flashattn_tensor_t* dq, const flashattn_tensor_t* dk,
-                               const flashattn_tensor_t* dv, const flashattn_options_t* options,
-                               std::vector<CheckedView>* views);
+ForwardArgs validate_forward(const flashattn_args_t& args, std::vector<CheckedView>* views);
+BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<CheckedView>* views);
 
 // True when the element sets of two views can share a byte (conservative: may say true for
 // exotic layouts that do not, never false for views that do).

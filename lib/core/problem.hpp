@@ -23,7 +23,12 @@ inline const char* dtype_name(DType t) {
 
 enum class Algorithm : int { Flash = FLASHATTN_ALGORITHM_FLASH, Standard = FLASHATTN_ALGORITHM_STANDARD };
 
-// The problem's sizes and options, identical for forward and backward.
+// Which ALiBi slopes a problem has: none, one per query head, or one per (batch entry, head).
+enum class Alibi : int { None, PerHead, PerBatchHead };
+
+// The problem's sizes and options, identical for forward and backward. For a variable-length
+// batch, batch counts the sequences and seqlen_q / seqlen_k are the largest lengths the caller
+// promised (max_seqlen_q / max_seqlen_k); total_q / total_k are the rows of the packed tensors.
 struct Problem {
   DType dtype = DType::F32;
   int64_t batch = 0;
@@ -31,16 +36,33 @@ struct Problem {
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;    // of q and k
+  int64_t head_dim_v = 0;  // of v, out, dout, dv
   float scale = 0.0f;  // resolved by the API layer: 1/sqrt(head_dim) when the caller gave 0
-  bool causal = false;
+  bool causal = false;   // the right bound of the mask is the diagonal (window_right == 0)
   Algorithm algorithm = Algorithm::Flash;
   bool deterministic = false;
 
+  // The mask, causal folded in: query i of a sequence sees key j when
+  // i + diag - window_left <= j <= i + diag + window_right (diag = that sequence's key count
+  // minus its query count); -1 leaves a side unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  float softcap = 0.0f;  // 0: none; else c, the score s becomes c * tanh(s / c)
+  Alibi alibi = Alibi::None;
+  bool sinks = false;
+  bool varlen = false;
+  int64_t total_q = 0;  // B * seqlen_q for a fixed-length batch
+  int64_t total_k = 0;  // B * seqlen_k for a fixed-length batch
+
   int64_t group_size() const { return heads_q / heads_kv; }
+  // A window that no causal mask alone expresses (a left bound, or a right bound past 0).
+  bool sliding_window() const { return window_left >= 0 || window_right > 0; }
 };
 
-// A [batch, seqlen, heads, head_dim] view: strides in elements, the head_dim stride is 1.
+// A [batch, seqlen, heads, head_dim] view: strides in elements, the head_dim stride is 1. The
+// rows of a variable-length batch's packed [total_tokens, heads, head_dim] view are addressed as
+// seqlen rows with stride_batch 0 (a sequence's first row is its offset).
 struct Tensor4 {
   void* data = nullptr;
   int64_t stride_batch = 0;
@@ -49,6 +71,7 @@ struct Tensor4 {
 };
 
 // The [batch, heads_q, seqlen_q] fp32 log-sum-exp. data may be null in the forward (not wanted).
+// The [heads_q, total_q] one of a variable-length batch has stride_batch 0, as Tensor4.
 struct LseView {
   float* data = nullptr;
   int64_t stride_batch = 0;
@@ -56,16 +79,45 @@ struct LseView {
   int64_t stride_seq = 0;
 };
 
+// A rank-1 view of fp32 (sinks and their gradient) or int32 (sequence offsets) elements; data
+// null: absent.
+template <class T>
+struct Vector {
+  T* data = nullptr;
+  int64_t stride = 0;
+  T at(int64_t i) const { return data[i * stride]; }
+};
+
+// fp32 ALiBi slopes: slope of (batch b, head h) at b * stride_batch + h * stride_head
+// (stride_batch 0 for one slope per head); data null: no ALiBi.
+struct AlibiView {
+  const float* data = nullptr;
+  int64_t stride_batch = 0;
+  int64_t stride_head = 0;
+  float at(int64_t b, int64_t h) const { return data[b * stride_batch + h * stride_head]; }
+};
+
+// The tensors of the variants, forward and backward alike.
+struct VariantViews {
+  AlibiView alibi;
+  Vector<const float> sinks;
+  Vector<const int32_t> cu_seqlens_q;  // B + 1 offsets of a variable-length batch
+  Vector<const int32_t> cu_seqlens_k;
+};
+
 struct ForwardArgs {
   Problem problem;
   Tensor4 q, k, v, out;
   LseView lse;
+  VariantViews variants;
 };
 
 struct BackwardArgs {
   Problem problem;
   Tensor4 q, k, v, out, dout, dq, dk, dv;
   LseView lse;
+  VariantViews variants;
+  Vector<float> dsinks;  // data null: not wanted
 };
 
 // Scratch memory for one call, in the backend's memory (host for CPU, device for CUDA).

@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/plan.hpp"
+#include "cpu/sequences.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace flashattn {
@@ -50,6 +51,49 @@ const KernelSet& select_kernels() {
   return cpu::kernels_generic();
 }
 
+// A variable-length batch's offsets and lengths against the header's rules (host memory, so
+// they can be read before any work starts; every message names the first offending entry).
+void check_offsets(const Problem& p, const VariantViews& v) {
+  if (!p.varlen) return;
+  const struct {
+    const char* name;
+    Vector<const int32_t> offsets;
+    int64_t total;
+    const char* tensor;
+    int64_t max;
+    const char* max_name;
+  } sides[] = {{"cu_seqlens_q", v.cu_seqlens_q, p.total_q, "q", p.seqlen_q, "max_seqlen_q"},
+               {"cu_seqlens_k", v.cu_seqlens_k, p.total_k, "k", p.seqlen_k, "max_seqlen_k"}};
+  for (const auto& side : sides) {
+    const int64_t first = side.offsets.at(0);
+    if (first != 0) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s[0] is %lld; the offsets must start at 0",
+           side.name, static_cast<long long>(first));
+    }
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t begin = side.offsets.at(b), end = side.offsets.at(b + 1);
+      if (end < begin) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE,
+             "%s[%lld] is %lld, below %s[%lld] = %lld; the offsets must not decrease", side.name,
+             static_cast<long long>(b + 1), static_cast<long long>(end), side.name,
+             static_cast<long long>(b), static_cast<long long>(begin));
+      }
+      if (end > side.total) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE,
+             "%s[%lld] is %lld, past the end of %s's %lld tokens", side.name,
+             static_cast<long long>(b + 1), static_cast<long long>(end), side.tensor,
+             static_cast<long long>(side.total));
+      }
+      if (end - begin > side.max) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE,
+             "sequence %lld has %lld %s, more than %s = %lld", static_cast<long long>(b),
+             static_cast<long long>(end - begin), side.tensor[0] == 'q' ? "queries" : "keys",
+             side.max_name, static_cast<long long>(side.max));
+      }
+    }
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() : kernels_(select_kernels()), threads_(clamp_threads(cpu::hardware_threads())) {}
@@ -73,12 +117,14 @@ class CpuBackend final : public Backend {
   }
 
   void forward(const ForwardArgs& args, Workspace ws) override {
+    check_offsets(args.problem, args.variants);
     cpu::ThreadPool& threads = pool();
     const cpu::Plan plan = planned(args.problem, false, ws, threads);
     kernels_.forward(args, plan, static_cast<char*>(ws.data), threads);
   }
 
   void backward(const BackwardArgs& args, Workspace ws) override {
+    check_offsets(args.problem, args.variants);
     cpu::ThreadPool& threads = pool();
     const cpu::Plan plan = planned(args.problem, true, ws, threads);
     kernels_.backward(args, plan, static_cast<char*>(ws.data), threads);

@@ -13,7 +13,12 @@
 // Scores are computed in log2 units: Q is multiplied by scale * log2(e), so that softmax needs
 // exp2 only; the LSE is converted back to natural log on output. Every algorithm forms a score
 // with the same operations (Q scaled, K as it is, one fused multiply-add per element in head_dim
-// order), so the backward recomputes bit for bit the scores its forward saw.
+// order, then the logits policy), so the backward recomputes bit for bit the scores its forward
+// saw.
+//
+// The variants are policies every algorithm calls, written once: where a sequence's rows lie
+// and which keys each query sees (Seq and Mask, cpu/sequences.hpp), what becomes of a raw score
+// (Logits: softcap, then ALiBi) and the sink's share of a row's softmax (Sink).
 
 namespace flashattn {
 namespace cpu {
@@ -66,6 +71,29 @@ inline vf exp2v(vf x) {
   // The integer round(x) sits in the low mantissa bits of r; n = -127 gives the bits of 0.0.
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return p * scale;
+}
+
+inline vf vabs(vf x) { return (vf)((vu)x & 0x7fffffffu); }
+
+// tanh to a few ulp. Below |y| = 1/2 the odd Taylor polynomial through y^17 (the first term
+// left out is under 2^-30 relative there); above, 1 - 2 / (e^{2|y|} + 1), whose cancellation
+// costs at most a bit there. The sign is y's; NaN stays NaN; |y| past 44 gives exactly 1.
+inline vf tanhv(vf y) {
+  constexpr float kTaylor[] = {-1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835,
+                               -1382.0f / 155925, 21844.0f / 6081075, -929569.0f / 638512875,
+                               6404582.0f / 10854718875.0f};
+  constexpr int kTerms = sizeof(kTaylor) / sizeof(kTaylor[0]);
+  constexpr float kTaylorBelow = 0.5f;
+  const vu sign = (vu)y & 0x80000000u;
+  const vf a = vabs(y);
+  const vf z = a * a;
+  vf poly = splat(kTaylor[kTerms - 1]);
+  for (int t = kTerms - 2; t >= 0; --t) poly = poly * z + splat(kTaylor[t]);
+  const vf small = a + a * (z * poly);
+  const vf e = exp2v(a * splat(2.0f * 1.44269504088896340736f));
+  const vf large = splat(1.0f) - splat(2.0f) / (e + splat(1.0f));
+  const vf r = select(a < splat(kTaylorBelow), small, large);
+  return (vf)((vu)r | sign);
 }
 
 // c + a * b rounded as the GEMM rounds each step of its dot products, so that a dot product
@@ -317,34 +345,102 @@ inline void store_row(typename E::T* dst, const float* src, int d, float mul) {
   for (int k = 0; k < d; ++k) dst[k] = E::store(src[k] * mul);
 }
 
+
 inline int vec_round(int n) { return (n + W - 1) / W * W; }
 
-// Keys visible to query row i under the causal mask: [0, i + seqlen_k - seqlen_q], clamped.
-inline int64_t visible_keys(const Problem& p, int64_t i) {
-  if (!p.causal) return p.seqlen_k;
-  return std::min<int64_t>(p.seqlen_k, std::max<int64_t>(0, i + p.seqlen_k - p.seqlen_q + 1));
-}
+// ---- Variants: the mask's ranges, the logits, the sinks --------------------------------------
 
-// The depth ranges of gemm_ranges for query rows [i0, i0 + rows) against keys [j0, j0 + ncols),
-// tile-relative. Per query row (rows <= kBlockQ): the keys it sees, [0, hi).
-inline Ranges keys_seen(const Problem& p, int64_t i0, int rows, int64_t j0, int64_t ncols) {
+// The depth ranges of gemm_ranges for query rows [i0, i0 + rows) against keys [j0, j0 + ncols)
+// of one sequence, tile-relative. Per query row (rows <= kBlockQ): the keys it sees.
+inline Ranges keys_seen(const Mask& m, int64_t i0, int rows, int64_t j0, int64_t ncols) {
   Ranges r;
   for (int i = 0; i < rows; ++i) {
-    r.hi[i] = std::min<int64_t>(ncols, std::max<int64_t>(0, visible_keys(p, i0 + i) - j0));
+    r.lo[i] = Mask::clamp(m.key_begin(i0 + i) - j0, ncols);
+    r.hi[i] = Mask::clamp(m.key_end(i0 + i) - j0, ncols);
   }
   return r;
 }
-// Per key (ncols <= kBlockK): the query rows that see it, [lo, rows); query i sees key j when
-// i >= j - (seqlen_k - seqlen_q).
-inline Ranges rows_seeing(const Problem& p, int64_t i0, int64_t rows, int64_t j0, int ncols) {
+// Per key (ncols <= kBlockK): the query rows that see it.
+inline Ranges rows_seeing(const Mask& m, int64_t i0, int64_t rows, int64_t j0, int ncols) {
   Ranges r;
   for (int j = 0; j < ncols; ++j) {
-    const int64_t first = p.causal ? j0 + j - (p.seqlen_k - p.seqlen_q) : 0;
-    r.lo[j] = std::min<int64_t>(rows, std::max<int64_t>(0, first - i0));
-    r.hi[j] = rows;
+    r.lo[j] = Mask::clamp(m.row_begin(j0 + j) - i0, rows);
+    r.hi[j] = Mask::clamp(m.row_end(j0 + j) - i0, rows);
   }
   return r;
 }
+
+// What becomes of one (sequence, head)'s raw scores, in log2 units, in the header's order:
+// x = cap * tanh(x / cap) with a softcap, then x - slope * |i + diag - j| with ALiBi slopes.
+struct Logits {
+  bool softcap = false;
+  float cap = 0.0f;      // c * log2(e)
+  float inv_cap = 0.0f;  // 1 / cap
+  bool alibi = false;
+  float slope = 0.0f;  // the slope * log2(e)
+  int64_t diag = 0;    // the sequence's len_k - len_q
+
+  bool active() const { return softcap || alibi; }
+};
+
+inline Logits logits_of(const Problem& p, const VariantViews& v, const Seq& s, int64_t b,
+                        int64_t h) {
+  Logits lg;
+  lg.diag = s.len_k - s.len_q;
+  if (p.softcap > 0.0f) {
+    lg.softcap = true;
+    lg.cap = p.softcap * kLog2e;
+    lg.inv_cap = 1.0f / lg.cap;
+  }
+  if (p.alibi != Alibi::None) {
+    lg.alibi = true;
+    lg.slope = v.alibi.at(b, h) * kLog2e;
+  }
+  return lg;
+}
+
+// s[t], t in [0, n) (n a multiple of W): the raw score of the query i and key j for which
+// i + diag - j = x0 + t * dx (a row of S: dx = -1; a row of S^T: dx = +1), turned into its
+// logit. With dcap, the softcap's derivative 1 - tanh^2 goes there (the backward's factor).
+inline void logits_row(float* s, int64_t n, const Logits& lg, int64_t x0, int64_t dx,
+                       float* dcap) {
+  vf steps;
+  for (int w = 0; w < W; ++w) steps[w] = static_cast<float>(w * dx);
+  for (int64_t t = 0; t < n; t += W) {
+    vf x = vload(s + t);
+    if (lg.softcap) {
+      const vf th = tanhv(x * splat(lg.inv_cap));
+      x = splat(lg.cap) * th;
+      if (dcap != nullptr) vstore(dcap + t, splat(1.0f) - th * th);
+    }
+    if (lg.alibi) {
+      const vf distance = splat(static_cast<float>(x0 + t * dx)) + steps;
+      x = x - splat(lg.slope) * vabs(distance);
+    }
+    vstore(s + t, x);
+  }
+}
+
+// One head's attention sink, in log2 units: a key of value 0 in every row's softmax. A row
+// whose keys have the maximum m shifts its exponentials by shift(m) and adds term(shift) to its
+// sum. Without a sink, shift(m) = m and term = 0.
+struct Sink {
+  bool present = false;
+  float logit = 0.0f;  // the sink * log2(e)
+  float shift(float m) const { return present ? std::max(m, logit) : m; }
+  float term(float shift) const { return present ? std::exp2(logit - shift) : 0.0f; }
+};
+
+inline Sink sink_of(const VariantViews& v, int64_t h) {
+  Sink k;
+  if (v.sinks.data != nullptr) {
+    k.present = true;
+    k.logit = v.sinks.at(h) * kLog2e;
+  }
+  return k;
+}
+
+// ---- Work items -----------------------------------------------------------------------------
 
 struct Thread {
   char* base;
@@ -356,13 +452,22 @@ inline Thread thread_area(const Plan& pl, char* ws, int worker) {
 inline float* shared_at(char* ws, size_t offset) { return reinterpret_cast<float*>(ws + offset); }
 
 // Query tiles are handed out last tile first: under the causal mask they carry the most work.
+// A tile past its sequence's queries (a variable-length batch) has no rows.
 struct QTileItem {
   int64_t b, h, qt;
+  Seq seq;
+  int64_t i0;  // first row, in the sequence
+  int rows;    // 0: nothing to do
 };
-inline QTileItem q_tile_item(const Problem& p, const Plan& pl, int64_t item) {
+inline QTileItem q_tile_item(const Problem& p, const VariantViews& v, const Plan& pl,
+                             int64_t item) {
   const int64_t per_head = pl.tiles_q;
   const int64_t bh = item / per_head;
-  return QTileItem{bh / p.heads_q, bh % p.heads_q, per_head - 1 - item % per_head};
+  QTileItem it{bh / p.heads_q, bh % p.heads_q, per_head - 1 - item % per_head, Seq{}, 0, 0};
+  it.seq = seq_of(p, v, it.b);
+  it.i0 = it.qt * kBlockQ;
+  it.rows = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kBlockQ, it.seq.len_q - it.i0)));
+  return it;
 }
 
 // ---- Flash forward --------------------------------------------------------------------------
@@ -370,28 +475,38 @@ inline QTileItem q_tile_item(const Problem& p, const Plan& pl, int64_t item) {
 // each query keeps a running maximum m and sum l (log2 units), its output accumulator is
 // rescaled by exp2(m_old - m_new) when the maximum grows, and divided by l once at the end.
 // Scores are computed transposed, S^T = K Q^T ([keys, queries]), so that the statistics of W
-// queries at a time live in one vector and K needs no transpose.
+// queries at a time live in one vector and K needs no transpose. Only the keys some row of a
+// tile sees are visited.
 
 struct QueryTile {
-  int64_t i0;       // first row
-  int rows;         // rows in the tile
-  int rows_p;       // rows rounded up to whole vectors (extra columns are zero queries)
-  int64_t key_end;  // keys [0, key_end) are visible to some row of the tile
-  float* Qt;        // [d][kBlockQ], scaled to log2 units
-  float* O;         // [kBlockQ][dp]
-  float* m;         // [kBlockQ]
-  float* l;         // [kBlockQ]
+  int64_t i0;         // first row (in the sequence)
+  int rows;           // rows in the tile
+  int rows_p;         // rows rounded up to whole vectors (extra columns are zero queries)
+  int64_t key_begin;  // keys [key_begin, key_end) are visible to some row of the tile
+  int64_t key_end;
+  float* Qt;          // [d][kBlockQ], scaled to log2 units
+  float* O;           // [kBlockQ][dvp]
+  float* m;           // [kBlockQ]
+  float* l;           // [kBlockQ]
 };
 
-// One K/V tile (K and V packed as [ncols][dp]) into one query tile's running state.
-void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const float* V, int64_t j0,
-                        int ncols, int d, int dp, float* St) {
-  const int64_t off = p.seqlen_k - p.seqlen_q;  // query i sees key j when j <= i + off
+// One K/V tile (K packed as [ncols][dp], V as [ncols][dvp]) into one query tile's running state.
+void flash_forward_tile(const Mask& mask, const Logits& lg, QueryTile& q, const float* K,
+                        const float* V, int64_t j0, int ncols, int d, int dp, int dvp, float* St) {
   gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
-  if (p.causal && j0 + ncols - 1 > q.i0 + off) {
+  if (lg.active()) {
     for (int j = 0; j < ncols; ++j) {
-      const int64_t hidden = std::min<int64_t>(q.rows_p, std::max<int64_t>(0, j0 + j - off - q.i0));
-      fill_row(St + j * kBlockQ, 0, hidden, kNegInf);
+      logits_row(St + j * kBlockQ, q.rows_p, lg, q.i0 + lg.diag - (j0 + j), +1, nullptr);
+    }
+  }
+  if (!mask.covers(q.i0, q.i0 + q.rows, j0, j0 + ncols)) {
+    for (int j = 0; j < ncols; ++j) {
+      float* col = St + j * kBlockQ;
+      const int64_t seen_from = Mask::clamp(mask.row_begin(j0 + j) - q.i0, q.rows_p);
+      const int64_t seen_to = mask.row_end(j0 + j) - q.i0;
+      fill_row(col, 0, seen_from, kNegInf);
+      // The padding columns past the tile's rows are zero queries of no row: left as they are.
+      if (seen_to < q.rows) fill_row(col, std::max(seen_from, seen_to), q.rows, kNegInf);
     }
   }
   float alpha[kBlockQ];
@@ -415,10 +530,10 @@ void flash_forward_tile(const Problem& p, QueryTile& q, const float* K, const fl
     vstore(q.m + v * W, m_new);
   }
   for (int r = 0; r < q.rows; ++r) {
-    if (alpha[r] != 1.0f) scale_row(q.O + r * dp, dp, alpha[r]);
+    if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
   }
-  gemm_ranges(q.rows, dp, keys_seen(p, q.i0, q.rows, j0, ncols), St, 1, kBlockQ, V, dp, q.O, dp,
-              true);
+  gemm_ranges(q.rows, dvp, keys_seen(mask, q.i0, q.rows, j0, ncols), St, 1, kBlockQ, V, dvp, q.O,
+              dvp, true);
 }
 
 template <class E>
@@ -428,87 +543,109 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int64_t blocks = ceil_div(pl.tiles_q, group);
   const int64_t bh = item / blocks;
   const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group_size();
+  const Seq seq = seq_of(p, a.variants, b);
   const int64_t first_tile = (blocks - 1 - item % blocks) * group;  // heavy (late) rows first
-  const int ntiles = static_cast<int>(std::min<int64_t>(group, pl.tiles_q - first_tile));
+  const int64_t seq_tiles = ceil_div(seq.len_q, kBlockQ);
+  if (first_tile >= seq_tiles) return;  // a shorter sequence of a variable-length batch
+  const int ntiles = static_cast<int>(std::min<int64_t>(group, seq_tiles - first_tile));
+  const Mask mask(p, seq);
+  const Logits lg = logits_of(p, a.variants, seq, b, h);
+  const Sink sink = sink_of(a.variants, h);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
   float* K = t.at(pl.t_kt);  // [kBlockK][dp]
-  float* V = t.at(pl.t_v);   // [kBlockK][dp]
+  float* V = t.at(pl.t_v);   // [kBlockK][dvp]
   float* St = t.at(pl.t_s);  // [kBlockK][kBlockQ]
 
   QueryTile tiles[kMaxQueryGroup];
-  int64_t key_end = 0;
+  int64_t key_begin = seq.len_k, key_end = 0;
   for (int s = 0; s < ntiles; ++s) {
     QueryTile& q = tiles[s];
     q.i0 = (first_tile + s) * kBlockQ;
-    q.rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - q.i0));
+    q.rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - q.i0));
     q.rows_p = vec_round(q.rows);
-    q.key_end = visible_keys(p, q.i0 + q.rows - 1);
+    q.key_begin = mask.key_begin(q.i0);
+    q.key_end = mask.key_end(q.i0 + q.rows - 1);
     q.Qt = t.at(pl.t_q) + s * kBlockQ * dp;
-    q.O = t.at(pl.t_o) + s * kBlockQ * dp;
+    q.O = t.at(pl.t_o) + s * kBlockQ * dvp;
     q.m = t.at(pl.t_m) + s * kBlockQ;
     q.l = t.at(pl.t_l) + s * kBlockQ;
-    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, q.i0, q.rows, q.rows_p, h, d, p.scale * kLog2e);
-    std::fill(q.O, q.O + static_cast<size_t>(q.rows) * dp, 0.0f);
+    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, seq.q_begin + q.i0, q.rows, q.rows_p, h, d,
+                       p.scale * kLog2e);
+    std::fill(q.O, q.O + static_cast<size_t>(q.rows) * dvp, 0.0f);
     std::fill(q.m, q.m + q.rows_p, kNegInf);
     std::fill(q.l, q.l + q.rows_p, 0.0f);
-    key_end = std::max(key_end, q.key_end);
+    if (q.key_begin < q.key_end) {
+      key_begin = std::min(key_begin, q.key_begin);
+      key_end = std::max(key_end, q.key_end);
+    }
   }
 
-  for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
     for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
-      pack_row<E>(V + j * dp, in_row<E>(a.v, b, j0 + j, hk), d, dp, 1.0f);
+      pack_row<E>(K + j * dp, in_row<E>(a.k, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
+      pack_row<E>(V + j * dvp, in_row<E>(a.v, b, seq.k_begin + j0 + j, hk), dv, dvp, 1.0f);
     }
     if (j0 + kBlockK < key_end) {
       const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
-      prefetch_rows<E>(a.k, b, j0 + kBlockK, next, hk, d);
-      prefetch_rows<E>(a.v, b, j0 + kBlockK, next, hk, d);
+      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d);
+      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kBlockK, next, hk, dv);
     }
     for (int s = 0; s < ntiles; ++s) {
-      if (j0 >= tiles[s].key_end) continue;  // causal: no row of this tile sees these keys
-      const int n = static_cast<int>(std::min<int64_t>(ncols, tiles[s].key_end - j0));
-      flash_forward_tile(p, tiles[s], K, V, j0, n, d, dp, St);
+      const QueryTile& q = tiles[s];
+      if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
+      const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
+      flash_forward_tile(mask, lg, tiles[s], K, V, j0, n, d, dp, dvp, St);
     }
   }
 
   for (int s = 0; s < ntiles; ++s) {
     const QueryTile& q = tiles[s];
     for (int r = 0; r < q.rows; ++r) {
-      // l is 0 only for a row that sees no key: output 0, LSE -inf.
-      if (q.l[r] == 0.0f) std::fill(q.O + r * dp, q.O + r * dp + d, 0.0f);
-      const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
-      store_row<E>(out_row<E>(a.out, b, q.i0 + r, h), q.O + r * dp, d, inv);
-      if (a.lse.data != nullptr) {
-        *lse_at(a.lse, b, h, q.i0 + r) = q.l[r] == 0.0f ? kNegInf : natural_lse(q.m[r], q.l[r]);
+      const int64_t i = seq.q_begin + q.i0 + r;
+      // l is 0 only for a row that sees no key: output 0, LSE -inf (a sink notwithstanding).
+      if (q.l[r] == 0.0f) {
+        std::fill(q.O + r * dvp, q.O + r * dvp + dv, 0.0f);
+        store_row<E>(out_row<E>(a.out, b, i, h), q.O + r * dvp, dv, 0.0f);
+        if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = kNegInf;
+        continue;
       }
+      const float shift = sink.shift(q.m[r]);
+      const float key_scale = sink.present ? std::exp2(q.m[r] - shift) : 1.0f;
+      const float total = q.l[r] * key_scale + sink.term(shift);
+      store_row<E>(out_row<E>(a.out, b, i, h), q.O + r * dvp, dv, key_scale / total);
+      if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = natural_lse(shift, total);
     }
   }
 }
 
 // ---- Standard forward -----------------------------------------------------------------------
 // S = scale * Q K^T for all of [B, Hq, Nq, Nk] in the workspace, then P = softmax(S) in place
-// (row maximum, exponentials, sum, normalization), then O = P V.
+// (logits, mask, row maximum, exponentials, sum, normalization), then O = P V.
 
 template <class E>
-void pack_kv_item(const Problem& p, const Plan& pl, const Tensor4& src, float* kt_all,
-                  float* rows_all, int64_t item) {
+void pack_kv_item(const Problem& p, const VariantViews& var, const Plan& pl, const Tensor4& src,
+                  int d, int dp, float* kt_all, float* rows_all, int64_t item) {
   // item: (b, kv head, key tile). kt_all: [B, Hkv, d, nk_pad]; rows_all: [B, Hkv, Nk, dp].
+  // Columns and rows past the sequence's keys are zero.
   const int64_t kt = item % pl.tiles_k, bh = item / pl.tiles_k;
   const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
-  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const Seq seq = seq_of(p, var, b);
   const int64_t j0 = kt * kBlockK;
-  const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+  const int ncols = static_cast<int>(Mask::clamp(seq.len_k - j0, kBlockK));
   if (kt_all != nullptr) {
     const int pad = static_cast<int>(std::min<int64_t>(kBlockK, pl.nk_pad - j0));
-    pack_transposed<E>(kt_all + bh * d * pl.nk_pad + j0, pl.nk_pad, src, b, j0, ncols, pad, hk, d,
-                       1.0f);
+    if (pad > 0) {
+      pack_transposed<E>(kt_all + bh * d * pl.nk_pad + j0, pl.nk_pad, src, b, seq.k_begin + j0,
+                         ncols, pad, hk, d, 1.0f);
+    }
   }
   if (rows_all != nullptr) {
     for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp, in_row<E>(src, b, j0 + j, hk), d, dp,
-                  1.0f);
+      pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp,
+                  in_row<E>(src, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
     }
   }
 }
@@ -517,38 +654,52 @@ template <class E>
 void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item,
                            int worker) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
+  if (it.rows == 0) return;
   const int64_t b = it.b, h = it.h, bhk = b * p.heads_kv + h / p.group_size();
+  const Seq& seq = it.seq;
+  const Mask mask(p, seq);
+  const Logits lg = logits_of(p, a.variants, seq, b, h);
+  const Sink sink = sink_of(a.variants, h);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const int64_t nkp = pl.nk_pad;
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t i0 = it.i0;
+  const int rows = it.rows;
   const Thread t = thread_area(pl, ws, worker);
   float* Q = t.at(pl.t_q);
   float* O = t.at(pl.t_o);
   const float* Kt = shared_at(ws, pl.kt_all) + bhk * d * nkp;
-  const float* V = shared_at(ws, pl.v_all) + bhk * p.seqlen_k * dp;
-  float* S = shared_at(ws, pl.s_all) + ((b * p.heads_q + h) * p.seqlen_q + i0) * nkp;
+  const float* V = shared_at(ws, pl.v_all) + bhk * p.seqlen_k * dvp;
+  float* S = shared_at(ws, pl.s_all) + scratch_row(p, seq, h, i0) * nkp;
 
   const float qmul = p.scale * kLog2e;
-  for (int r = 0; r < rows; ++r) pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
+  for (int r = 0; r < rows; ++r) {
+    pack_row<E>(Q + r * dp, in_row<E>(a.q, b, seq.q_begin + i0 + r, h), d, dp, qmul);
+  }
   gemm(rows, nkp, d, Q, dp, 1, Kt, nkp, S, nkp, false);
+  const Ranges keys = keys_seen(mask, i0, rows, 0, seq.len_k);
   for (int r = 0; r < rows; ++r) {
     float* s = S + r * nkp;
-    fill_row(s, visible_keys(p, i0 + r), nkp, kNegInf);
+    if (lg.active()) logits_row(s, nkp, lg, i0 + r + lg.diag, -1, nullptr);
+    fill_row(s, 0, keys.lo[r], kNegInf);
+    fill_row(s, keys.hi[r], nkp, kNegInf);
     const float mx = row_max(s, nkp);
     float lse = kNegInf;
-    if (mx == kNegInf) {
+    if (mx == kNegInf) {  // a row that sees no key
       fill_row(s, 0, nkp, 0.0f);
     } else {
-      const float sum = exp_row(s, nkp, Shift{mx, 0.0f, 0.0f});
+      const float shift = sink.shift(mx);
+      const float sum = exp_row(s, nkp, Shift{shift, 0.0f, 0.0f}) + sink.term(shift);
       scale_row(s, nkp, 1.0f / sum);
-      lse = natural_lse(mx, sum);
+      lse = natural_lse(shift, sum);
     }
-    if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i0 + r) = lse;
+    if (a.lse.data != nullptr) *lse_at(a.lse, b, h, seq.q_begin + i0 + r) = lse;
   }
-  gemm_ranges(rows, dp, keys_seen(p, i0, rows, 0, p.seqlen_k), S, nkp, 1, V, dp, O, dp, false);
-  for (int r = 0; r < rows; ++r) store_row<E>(out_row<E>(a.out, b, i0 + r, h), O + r * dp, d, 1.0f);
+  gemm_ranges(rows, dvp, keys, S, nkp, 1, V, dvp, O, dvp, false);
+  for (int r = 0; r < rows; ++r) {
+    store_row<E>(out_row<E>(a.out, b, seq.q_begin + i0 + r, h), O + r * dvp, dv, 1.0f);
+  }
 }
 
 template <class E>
@@ -563,9 +714,11 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
   }
   float* kt_all = shared_at(ws, pl.kt_all);
   float* v_all = shared_at(ws, pl.v_all);
+  const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
+  const int dp = static_cast<int>(pl.dp), dvp = static_cast<int>(pl.dvp);
   pool.parallel_for(p.batch * p.heads_kv * pl.tiles_k, [&](int64_t item, int) {
-    pack_kv_item<E>(p, pl, a.k, kt_all, nullptr, item);
-    pack_kv_item<E>(p, pl, a.v, nullptr, v_all, item);
+    pack_kv_item<E>(p, a.variants, pl, a.k, d, dp, kt_all, nullptr, item);
+    pack_kv_item<E>(p, a.variants, pl, a.v, dv, dvp, nullptr, v_all, item);
   });
   pool.parallel_for(q_items, [&](int64_t item, int worker) {
     standard_forward_item<E>(a, pl, ws, item, worker);
@@ -578,31 +731,70 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
 template <class E>
 void row_stats_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
-  const int64_t row0 = (it.b * p.heads_q + it.h) * p.seqlen_q + i0;
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
+  const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0);
   float* lse2 = shared_at(ws, pl.lse2) + row0;
   float* lse2_lo = shared_at(ws, pl.lse2_lo) + row0;
   float* delta = shared_at(ws, pl.delta) + row0;
-  for (int r = 0; r < rows; ++r) {
-    const double l2 = static_cast<double>(*lse_at(a.lse, it.b, it.h, i0 + r)) * kLog2ed;
+  for (int r = 0; r < it.rows; ++r) {
+    const int64_t i = it.seq.q_begin + it.i0 + r;
+    const double l2 = static_cast<double>(*lse_at(a.lse, it.b, it.h, i)) * kLog2ed;
     lse2[r] = static_cast<float>(l2);
     lse2_lo[r] = std::isfinite(l2) ? static_cast<float>(l2 - lse2[r]) : 0.0f;
-    const typename E::T* o = in_row<E>(a.out, it.b, i0 + r, it.h);
-    const typename E::T* g = in_row<E>(a.dout, it.b, i0 + r, it.h);
+    const typename E::T* o = in_row<E>(a.out, it.b, i, it.h);
+    const typename E::T* g = in_row<E>(a.dout, it.b, i, it.h);
     // As the GEMM forms dP = dO V^T: where P is one-hot, dP - delta is then exactly 0.
     float acc = 0.0f;
-    for (int k = 0; k < p.head_dim; ++k) acc = madd(E::load(g[k]), E::load(o[k]), acc);
+    for (int k = 0; k < p.head_dim_v; ++k) acc = madd(E::load(g[k]), E::load(o[k]), acc);
     delta[r] = acc;
   }
 }
 
-// P = exp2(S - lse2) over the visible columns [0, lim), 0 elsewhere in [0, n).
-inline void probs_row(float* s, int64_t lim, int64_t n, Shift lse2) {
-  if (lse2.hi == kNegInf) lim = 0;                       // a row that sees no key
-  if (lim > 0) exp_row(s, (lim + W - 1) / W * W, lse2);  // n is a multiple of W, so <= n
-  fill_row(s, lim, n, 0.0f);
+// dsinks[h] = -sum over the batch's rows of e^{sink - LSE} * delta, in double and in row order
+// (one pass, after the row statistics: the result depends on nothing but the problem). A row
+// that sees no key (LSE -inf) adds nothing.
+void sink_gradients(const BackwardArgs& a, const Plan& pl, char* ws) {
+  const Problem& p = a.problem;
+  const float* lse2 = shared_at(ws, pl.lse2);
+  const float* lse2_lo = shared_at(ws, pl.lse2_lo);
+  const float* delta = shared_at(ws, pl.delta);
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    const double sink2 = static_cast<double>(a.variants.sinks.at(h)) * kLog2ed;
+    double sum = 0.0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Seq seq = seq_of(p, a.variants, b);
+      const int64_t row0 = scratch_row(p, seq, h, 0);
+      for (int64_t i = 0; i < seq.len_q; ++i) {
+        if (lse2[row0 + i] == kNegInf) continue;
+        const double l2 = static_cast<double>(lse2[row0 + i]) + lse2_lo[row0 + i];
+        sum += std::exp2(sink2 - l2) * static_cast<double>(delta[row0 + i]);
+      }
+    }
+    a.dsinks.data[h * a.dsinks.stride] = static_cast<float>(-sum);
+  }
+}
+
+// P = exp2(S - lse2) over the visible columns [lo, hi), 0 elsewhere in [0, n).
+inline void probs_row(float* s, int64_t lo, int64_t hi, int64_t n, Shift lse2) {
+  if (lse2.hi == kNegInf) hi = lo;  // a row that sees no key
+  if (hi > lo) {
+    const int64_t from = lo / W * W;
+    exp_row(s + from, (hi + W - 1) / W * W - from, lse2);  // n is a multiple of W, so <= n
+  }
+  fill_row(s, 0, lo, 0.0f);
+  fill_row(s, hi, n, 0.0f);
+}
+
+// dS = P * (dP - delta), in place over dP; times the softcap's derivative where there is one.
+inline void ds_row(const float* p, float* dp, const float* dcap, int64_t n, float delta) {
+  const vf dv = splat(delta);
+  if (dcap == nullptr) {
+    for (int64_t j = 0; j < n; j += W) vstore(dp + j, vload(p + j) * (vload(dp + j) - dv));
+    return;
+  }
+  for (int64_t j = 0; j < n; j += W) {
+    vstore(dp + j, vload(p + j) * (vload(dp + j) - dv) * vload(dcap + j));
+  }
 }
 
 // ---- Flash backward -------------------------------------------------------------------------
@@ -612,7 +804,8 @@ inline void probs_row(float* s, int64_t lim, int64_t n, Shift lse2) {
 // dQ contributions go to this chunk's own partial buffer; a last pass sums the chunks'
 // partials in chunk order. Chunks depend on the problem only, so no result depends on the
 // thread count or on which thread ran what. (Recomputing dQ in a second pass over query tiles
-// would need no partial buffers but two more GEMMs per tile pair: 40% more work.)
+// would need no partial buffers but two more GEMMs per tile pair: 40% more work.) Only the query
+// tiles that see a key tile are visited.
 
 template <class E>
 void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
@@ -622,8 +815,11 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   const int64_t chunk = item % chunks, bhk = item / chunks;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
   const int64_t G = p.group_size();
+  const Seq seq = seq_of(p, a.variants, b);
+  const Mask mask(p, seq);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
-  const int64_t Nq = p.seqlen_q;
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t Nq = seq.len_q;
   const Thread t = thread_area(pl, ws, worker);
   float* Kt = t.at(pl.t_kt);
   float* K = t.at(pl.t_k);
@@ -635,57 +831,63 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* dO = t.at(pl.t_do);
   float* P = t.at(pl.t_s);
   float* dS = t.at(pl.t_dp);
+  float* dcap = p.softcap > 0.0f ? t.at(pl.t_dcap) : nullptr;
   const float* lse2_all = shared_at(ws, pl.lse2);
   const float* lse2_lo_all = shared_at(ws, pl.lse2_lo);
   const float* delta_all = shared_at(ws, pl.delta);
   // This chunk's partial dQ for the group's query heads: [G, Nq, dp], contiguous.
-  float* dq_part =
-      shared_at(ws, pl.dq_part) + ((chunk * p.batch + b) * p.heads_q + hk * G) * Nq * dp;
+  const int64_t chunk_stride = p.heads_q * p.total_q * dp;
+  float* dq_part = shared_at(ws, pl.dq_part) + chunk * chunk_stride + scratch_row(p, seq, hk * G, 0) * dp;
   std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
 
   const float qmul = p.scale * kLog2e;
-  const int64_t off = p.seqlen_k - p.seqlen_q;
   const int64_t kt_begin = chunk * pl.tiles_k / chunks;
-  const int64_t kt_end = (chunk + 1) * pl.tiles_k / chunks;
+  const int64_t kt_end = std::min((chunk + 1) * pl.tiles_k / chunks, ceil_div(seq.len_k, kBlockK));
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int64_t j0 = kt * kBlockK;
-    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, seq.len_k - j0));
     const int ncp = vec_round(ncols);
-    pack_transposed<E>(Kt, kBlockK, a.k, b, j0, ncols, ncp, hk, d, 1.0f);
-    pack_transposed<E>(Vt, kBlockK, a.v, b, j0, ncols, ncp, hk, d, 1.0f);
+    pack_transposed<E>(Kt, kBlockK, a.k, b, seq.k_begin + j0, ncols, ncp, hk, d, 1.0f);
+    pack_transposed<E>(Vt, kBlockK, a.v, b, seq.k_begin + j0, ncols, ncp, hk, dv, 1.0f);
     for (int j = 0; j < ncols; ++j)
-      pack_row<E>(K + j * dp, in_row<E>(a.k, b, j0 + j, hk), d, dp, 1.0f);
+      pack_row<E>(K + j * dp, in_row<E>(a.k, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
     std::fill(dK, dK + static_cast<size_t>(ncols) * dp, 0.0f);
-    std::fill(dV, dV + static_cast<size_t>(ncols) * dp, 0.0f);
-    // Under the causal mask, query i sees key j0 only when i >= j0 - off.
-    const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - off) : 0;
-    for (int64_t g = 0; g < G && first_row < Nq; ++g) {
+    std::fill(dV, dV + static_cast<size_t>(ncols) * dvp, 0.0f);
+    // The queries that see some key of the tile.
+    const int64_t first_row = mask.row_begin(j0);
+    const int64_t end_row = mask.row_end(j0 + ncols - 1);
+    for (int64_t g = 0; g < G && first_row < end_row; ++g) {
       const int64_t h = hk * G + g;
-      const int64_t row_base = (b * p.heads_q + h) * Nq;
-      for (int64_t i0 = first_row / kBlockQ * kBlockQ; i0 < Nq; i0 += kBlockQ) {
+      const Logits lg = logits_of(p, a.variants, seq, b, h);
+      const int64_t row_base = scratch_row(p, seq, h, 0);
+      for (int64_t i0 = first_row / kBlockQ * kBlockQ; i0 < end_row; i0 += kBlockQ) {
         const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
         for (int r = 0; r < rows; ++r) {
-          pack_row<E>(Q + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, 1.0f);
-          pack_row<E>(Qs + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
-          pack_row<E>(dO + r * dp, in_row<E>(a.dout, b, i0 + r, h), d, dp, 1.0f);
+          const typename E::T* q_row = in_row<E>(a.q, b, seq.q_begin + i0 + r, h);
+          pack_row<E>(Q + r * dp, q_row, d, dp, 1.0f);
+          pack_row<E>(Qs + r * dp, q_row, d, dp, qmul);
+          pack_row<E>(dO + r * dvp, in_row<E>(a.dout, b, seq.q_begin + i0 + r, h), dv, dvp, 1.0f);
         }
         gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
-        gemm(rows, ncp, d, dO, dp, 1, Vt, kBlockK, dS, kBlockK, false);
-        const Ranges keys = keys_seen(p, i0, rows, j0, ncols);
-        const Ranges queries = rows_seeing(p, i0, rows, j0, ncols);
+        gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
+        const Ranges keys = keys_seen(mask, i0, rows, j0, ncols);
+        const Ranges queries = rows_seeing(mask, i0, rows, j0, ncols);
         for (int r = 0; r < rows; ++r) {
           const int64_t row = row_base + i0 + r;
-          probs_row(P + r * kBlockK, keys.hi[r], ncp, lse_shift(lse2_all[row], lse2_lo_all[row]));
-          ds_row(P + r * kBlockK, dS + r * kBlockK, ncp, delta_all[row]);
+          float* dcap_row = dcap != nullptr ? dcap + r * kBlockK : nullptr;
+          if (lg.active()) logits_row(P + r * kBlockK, ncp, lg, i0 + r + lg.diag - j0, -1, dcap_row);
+          probs_row(P + r * kBlockK, keys.lo[r], keys.hi[r], ncp,
+                    lse_shift(lse2_all[row], lse2_lo_all[row]));
+          ds_row(P + r * kBlockK, dS + r * kBlockK, dcap_row, ncp, delta_all[row]);
         }
-        gemm_ranges(ncols, dp, queries, P, 1, kBlockK, dO, dp, dV, dp, true);
+        gemm_ranges(ncols, dvp, queries, P, 1, kBlockK, dO, dvp, dV, dvp, true);
         gemm_ranges(ncols, dp, queries, dS, 1, kBlockK, Q, dp, dK, dp, true);
         gemm_ranges(rows, dp, keys, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
       }
     }
     for (int j = 0; j < ncols; ++j) {
-      store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
-      store_row<E>(out_row<E>(a.dv, b, j0 + j, hk), dV + j * dp, d, 1.0f);
+      store_row<E>(out_row<E>(a.dk, b, seq.k_begin + j0 + j, hk), dK + j * dp, d, p.scale);
+      store_row<E>(out_row<E>(a.dv, b, seq.k_begin + j0 + j, hk), dV + j * dvp, dv, 1.0f);
     }
   }
 }
@@ -693,23 +895,20 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
 template <class E>
 void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
   const int d = static_cast<int>(p.head_dim);
   const int64_t dp = pl.dp;
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
-  const int64_t chunk_stride = p.batch * p.heads_q * p.seqlen_q * dp;
-  const float* part =
-      shared_at(ws, pl.dq_part) + ((it.b * p.heads_q + it.h) * p.seqlen_q + i0) * dp;
+  const int64_t chunk_stride = p.heads_q * p.total_q * dp;
+  const float* part = shared_at(ws, pl.dq_part) + scratch_row(p, it.seq, it.h, it.i0) * dp;
   float acc[256];  // head_dim <= 256
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < it.rows; ++r) {
     const float* row = part + r * dp;
     std::copy(row, row + d, acc);
     for (int64_t c = 1; c < pl.key_chunks; ++c) {
       const float* rc = row + c * chunk_stride;
       for (int k = 0; k < d; ++k) acc[k] += rc[k];
     }
-    store_row<E>(out_row<E>(a.dq, it.b, i0 + r, it.h), acc, d, p.scale);
+    store_row<E>(out_row<E>(a.dq, it.b, it.seq.q_begin + it.i0 + r, it.h), acc, d, p.scale);
   }
 }
 
@@ -721,33 +920,38 @@ void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item
 template <class E>
 void pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
-  const int64_t row0 = (it.b * p.heads_q + it.h) * p.seqlen_q + i0;
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0);
   float* q = shared_at(ws, pl.q_all) + row0 * dp;
-  float* g = shared_at(ws, pl.do_all) + row0 * dp;
-  for (int r = 0; r < rows; ++r) {
-    pack_row<E>(q + r * dp, in_row<E>(a.q, it.b, i0 + r, it.h), d, dp, 1.0f);
-    pack_row<E>(g + r * dp, in_row<E>(a.dout, it.b, i0 + r, it.h), d, dp, 1.0f);
+  float* g = shared_at(ws, pl.do_all) + row0 * dvp;
+  for (int r = 0; r < it.rows; ++r) {
+    const int64_t i = it.seq.q_begin + it.i0 + r;
+    pack_row<E>(q + r * dp, in_row<E>(a.q, it.b, i, it.h), d, dp, 1.0f);
+    pack_row<E>(g + r * dvp, in_row<E>(a.dout, it.b, i, it.h), dv, dvp, 1.0f);
   }
 }
 
 template <class E>
 void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
   const Problem& p = a.problem;
-  const QTileItem it = q_tile_item(p, pl, item);
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
+  if (it.rows == 0) return;
   const int64_t b = it.b, h = it.h, bhk = b * p.heads_kv + h / p.group_size();
+  const Seq& seq = it.seq;
+  const Mask mask(p, seq);
+  const Logits lg = logits_of(p, a.variants, seq, b, h);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const int64_t nkp = pl.nk_pad;
-  const int64_t i0 = it.qt * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
-  const int64_t row0 = (b * p.heads_q + h) * p.seqlen_q + i0;
-  const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
+  const int64_t i0 = it.i0;
+  const int rows = it.rows;
+  const int64_t row0 = scratch_row(p, seq, h, i0);
+  const float* dO = shared_at(ws, pl.do_all) + row0 * dvp;
   const float* K = shared_at(ws, pl.k_all) + bhk * p.seqlen_k * dp;
   const float* Kt = shared_at(ws, pl.kt_all) + bhk * d * nkp;
-  const float* Vt = shared_at(ws, pl.vt_all) + bhk * d * nkp;
+  const float* Vt = shared_at(ws, pl.vt_all) + bhk * dv * nkp;
   float* P = shared_at(ws, pl.s_all) + row0 * nkp;
   float* dS = shared_at(ws, pl.ds_all) + row0 * nkp;
   const float* lse2 = shared_at(ws, pl.lse2) + row0;
@@ -756,21 +960,23 @@ void standard_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t i
   const Thread t = thread_area(pl, ws, worker);
   float* Qs = t.at(pl.t_q);
   float* dQ = t.at(pl.t_o);
+  float* dcap = p.softcap > 0.0f ? t.at(pl.t_dcap) : nullptr;  // one row
 
   const float qmul = p.scale * kLog2e;
   for (int r = 0; r < rows; ++r) {
-    pack_row<E>(Qs + r * dp, in_row<E>(a.q, b, i0 + r, h), d, dp, qmul);
+    pack_row<E>(Qs + r * dp, in_row<E>(a.q, b, seq.q_begin + i0 + r, h), d, dp, qmul);
   }
   gemm(rows, nkp, d, Qs, dp, 1, Kt, nkp, P, nkp, false);
-  gemm(rows, nkp, d, dO, dp, 1, Vt, nkp, dS, nkp, false);
-  const Ranges keys = keys_seen(p, i0, rows, 0, p.seqlen_k);
+  gemm(rows, nkp, dv, dO, dvp, 1, Vt, nkp, dS, nkp, false);
+  const Ranges keys = keys_seen(mask, i0, rows, 0, seq.len_k);
   for (int r = 0; r < rows; ++r) {
-    probs_row(P + r * nkp, keys.hi[r], nkp, lse_shift(lse2[r], lse2_lo[r]));
-    ds_row(P + r * nkp, dS + r * nkp, nkp, delta[r]);
+    if (lg.active()) logits_row(P + r * nkp, nkp, lg, i0 + r + lg.diag, -1, dcap);
+    probs_row(P + r * nkp, keys.lo[r], keys.hi[r], nkp, lse_shift(lse2[r], lse2_lo[r]));
+    ds_row(P + r * nkp, dS + r * nkp, dcap, nkp, delta[r]);
   }
   gemm_ranges(rows, dp, keys, dS, nkp, 1, K, dp, dQ, dp, false);
   for (int r = 0; r < rows; ++r)
-    store_row<E>(out_row<E>(a.dq, b, i0 + r, h), dQ + r * dp, d, p.scale);
+    store_row<E>(out_row<E>(a.dq, b, seq.q_begin + i0 + r, h), dQ + r * dp, d, p.scale);
 }
 
 template <class E>
@@ -779,26 +985,30 @@ void standard_dkv_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int64_t kt = item % pl.tiles_k, bhk = item / pl.tiles_k;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
   const int64_t G = p.group_size();
+  const Seq seq = seq_of(p, a.variants, b);
+  const Mask mask(p, seq);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
-  const int64_t nkp = pl.nk_pad, Nq = p.seqlen_q;
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t nkp = pl.nk_pad, Nq = seq.len_q;
   const int64_t j0 = kt * kBlockK;
-  const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, p.seqlen_k - j0));
+  if (j0 >= seq.len_k) return;
+  const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, seq.len_k - j0));
   const Thread t = thread_area(pl, ws, worker);
   float* dK = t.at(pl.t_dk);
   float* dV = t.at(pl.t_dv);
-  const Ranges queries = rows_seeing(p, 0, Nq, j0, ncols);
+  const Ranges queries = rows_seeing(mask, 0, Nq, j0, ncols);
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t row0 = (b * p.heads_q + hk * G + g) * Nq;
+    const int64_t row0 = scratch_row(p, seq, hk * G + g, 0);
     const float* P = shared_at(ws, pl.s_all) + row0 * nkp + j0;
     const float* dS = shared_at(ws, pl.ds_all) + row0 * nkp + j0;
     const float* Q = shared_at(ws, pl.q_all) + row0 * dp;
-    const float* dO = shared_at(ws, pl.do_all) + row0 * dp;
-    gemm_ranges(ncols, dp, queries, P, 1, nkp, dO, dp, dV, dp, g > 0);
+    const float* dO = shared_at(ws, pl.do_all) + row0 * dvp;
+    gemm_ranges(ncols, dvp, queries, P, 1, nkp, dO, dvp, dV, dvp, g > 0);
     gemm_ranges(ncols, dp, queries, dS, 1, nkp, Q, dp, dK, dp, g > 0);
   }
   for (int j = 0; j < ncols; ++j) {
-    store_row<E>(out_row<E>(a.dk, b, j0 + j, hk), dK + j * dp, d, p.scale);
-    store_row<E>(out_row<E>(a.dv, b, j0 + j, hk), dV + j * dp, d, 1.0f);
+    store_row<E>(out_row<E>(a.dk, b, seq.k_begin + j0 + j, hk), dK + j * dp, d, p.scale);
+    store_row<E>(out_row<E>(a.dv, b, seq.k_begin + j0 + j, hk), dV + j * dvp, dv, 1.0f);
   }
 }
 
@@ -808,6 +1018,7 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   const int64_t k_items = p.batch * p.heads_kv * pl.tiles_k;
   pool.parallel_for(q_items, [&](int64_t item, int) { row_stats_item<E>(a, pl, ws, item); });
+  if (a.dsinks.data != nullptr) sink_gradients(a, pl, ws);
   if (p.algorithm == Algorithm::Flash) {
     pool.parallel_for(p.batch * p.heads_kv * pl.key_chunks, [&](int64_t item, int worker) {
       flash_backward_item<E>(a, pl, ws, item, worker);
@@ -818,9 +1029,11 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
   float* k_all = shared_at(ws, pl.k_all);
   float* kt_all = shared_at(ws, pl.kt_all);
   float* vt_all = shared_at(ws, pl.vt_all);
+  const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
+  const int dp = static_cast<int>(pl.dp), dvp = static_cast<int>(pl.dvp);
   pool.parallel_for(k_items, [&](int64_t item, int) {
-    pack_kv_item<E>(p, pl, a.k, kt_all, k_all, item);
-    pack_kv_item<E>(p, pl, a.v, vt_all, nullptr, item);
+    pack_kv_item<E>(p, a.variants, pl, a.k, d, dp, kt_all, k_all, item);
+    pack_kv_item<E>(p, a.variants, pl, a.v, dv, dvp, vt_all, nullptr, item);
   });
   pool.parallel_for(q_items, [&](int64_t item, int) { pack_q_item<E>(a, pl, ws, item); });
   pool.parallel_for(

@@ -18,4 +18,5 @@
 #include "cpu/convert.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/plan.hpp"
+#include "cpu/sequences.hpp"
 #include "cpu/thread_pool.hpp"

@@ -27,29 +27,32 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 struct Plan {
   int threads = 1;
   int64_t dp = 0;           // head_dim rounded up to kPad
+  int64_t dvp = 0;          // head_dim_v rounded up to kPad
   int64_t nk_pad = 0;       // seqlen_k rounded up to kPad (rows of materialized S/P)
   int64_t tiles_q = 0;      // ceil(seqlen_q / kBlockQ)
   int64_t tiles_k = 0;      // ceil(seqlen_k / kBlockK)
   int64_t key_chunks = 1;   // flash backward: key tiles are split into this many chunks
   int64_t query_group = 1;  // flash forward: query tiles per work item (at most kMaxQueryGroup)
 
-  // Shared regions (fp32).
-  size_t lse2 = 0;     // backward: [B, Hq, Nq] LSE in log2 units, rounded to float
-  size_t lse2_lo = 0;  // backward: [B, Hq, Nq] what that rounding lost
-  size_t delta = 0;    // backward: [B, Hq, Nq] rowsum(dO * O)
-  size_t dq_part = 0;  // flash backward: [chunks, B, Hq, Nq, dp] partial dQ
-  size_t q_all = 0;    // standard backward: [B, Hq, Nq, dp]
-  size_t do_all = 0;   // standard backward: [B, Hq, Nq, dp]
+  // Shared regions (fp32). "Rows" are the Hq * total_q query rows of the batch, in the order
+  // of cpu/sequences.hpp's scratch_row ([B, Hq, Nq] for a fixed-length batch).
+  size_t lse2 = 0;     // backward: [rows] LSE in log2 units, rounded to float
+  size_t lse2_lo = 0;  // backward: [rows] what that rounding lost
+  size_t delta = 0;    // backward: [rows] rowsum(dO * O)
+  size_t dq_part = 0;  // flash backward: [chunks, rows, dp] partial dQ
+  size_t q_all = 0;    // standard backward: [rows, dp]
+  size_t do_all = 0;   // standard backward: [rows, dvp]
   size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
   size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
-  size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dp]
-  size_t vt_all = 0;   // standard backward: [B, Hkv, d, nk_pad]
-  size_t s_all = 0;    // standard: [B, Hq, Nq, nk_pad] scores, then probabilities
-  size_t ds_all = 0;   // standard backward: [B, Hq, Nq, nk_pad] dP, then dS
+  size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dvp]
+  size_t vt_all = 0;   // standard backward: [B, Hkv, dv, nk_pad]
+  size_t s_all = 0;    // standard: [rows, nk_pad] scores, then probabilities
+  size_t ds_all = 0;   // standard backward: [rows, nk_pad] dP, then dS
 
   // Per-thread regions (fp32), offsets inside one thread's area.
   size_t t_q = 0, t_qs = 0, t_do = 0, t_o = 0, t_s = 0, t_dp = 0;
   size_t t_kt = 0, t_k = 0, t_v = 0, t_vt = 0, t_dk = 0, t_dv = 0, t_m = 0, t_l = 0;
+  size_t t_dcap = 0;  // backward with a softcap: its derivative, a P tile (flash) or row (standard)
 
   size_t thread_base = 0;
   size_t thread_bytes = 0;

@@ -918,21 +918,32 @@ class Harness {
   void classify_options() {
     ++options_gen_;
     const size_t size = options_size_;
+    // Every field after `size` is 4 bytes: a size at a field's end is one of 8 + 4k.
     options_known_ = size >= 8 && size <= 4096 &&
-                     (size == 8 || size == 12 || size == 16 || size == 20 || size >= 24);
+                     (size >= sizeof(flashattn_options_t) || size % 4 == 0);
     if (!options_known_) return;
     bool valid = true;
     for (size_t i = sizeof(flashattn_options_t); i < options_.n; ++i) valid = valid && options_.p[i] == 0;
-    float scale = 0.0f;
-    int32_t causal = 0, algorithm = 0, deterministic = 0;
+    float scale = 0.0f, softcap = 0.0f;
+    int32_t causal = 0, algorithm = 0, deterministic = 0, window = 0, left = 0, right = 0;
     const unsigned char* o = options_.p.get();
-    if (size >= 12) std::memcpy(&scale, o + offsetof(flashattn_options_t, softmax_scale), 4);
-    if (size >= 16) std::memcpy(&causal, o + offsetof(flashattn_options_t, causal), 4);
-    if (size >= 20) std::memcpy(&algorithm, o + offsetof(flashattn_options_t, algorithm), 4);
-    if (size >= 24) std::memcpy(&deterministic, o + offsetof(flashattn_options_t, deterministic), 4);
+    const auto read = [&](size_t offset, auto* value) {
+      if (size >= offset + sizeof(*value)) std::memcpy(value, o + offset, sizeof(*value));
+    };
+    read(offsetof(flashattn_options_t, softmax_scale), &scale);
+    read(offsetof(flashattn_options_t, causal), &causal);
+    read(offsetof(flashattn_options_t, algorithm), &algorithm);
+    read(offsetof(flashattn_options_t, deterministic), &deterministic);
+    read(offsetof(flashattn_options_t, window), &window);
+    read(offsetof(flashattn_options_t, window_left), &left);
+    read(offsetof(flashattn_options_t, window_right), &right);
+    read(offsetof(flashattn_options_t, softcap), &softcap);
+    const bool window_ok = (window == 0 && left == 0 && right == 0) ||
+                           (window == 1 && left >= -1 && right >= -1);
     valid = valid && std::isfinite(scale) && std::fabs(scale) <= FLASHATTN_MAX_SOFTMAX_SCALE &&
             (causal == 0 || causal == 1) &&
-            (algorithm == 0 || algorithm == 1) && (deterministic == 0 || deterministic == 1);
+            (algorithm == 0 || algorithm == 1) && (deterministic == 0 || deterministic == 1) &&
+            window_ok && std::isfinite(softcap) && softcap >= 0.0f;
     options_valid_ = valid;
     options_deterministic_ = deterministic == 1;
   }
@@ -982,6 +993,20 @@ class Harness {
     }
     if (fields & 8) {
       put_option(offsetof(flashattn_options_t, deterministic), fuzz_i32(in_, kFlags, kNumFlags));
+    }
+    if (fields & 0x40) {  // a sliding window: bounds in range, unbounded, refused
+      static const int32_t kBounds[] = {-1, 0, 1, 3, 17, 64, -2, std::numeric_limits<int32_t>::max(),
+                                        std::numeric_limits<int32_t>::min()};
+      constexpr int kNumBounds = sizeof(kBounds) / sizeof(kBounds[0]);
+      put_option(offsetof(flashattn_options_t, window), fuzz_i32(in_, kFlags, kNumFlags));
+      put_option(offsetof(flashattn_options_t, window_left), fuzz_i32(in_, kBounds, kNumBounds));
+      put_option(offsetof(flashattn_options_t, window_right), fuzz_i32(in_, kBounds, kNumBounds));
+    }
+    if (fields & 0x80) {
+      static const float kCaps[] = {0.0f, 30.0f, 1.0f, 1e-30f, -1.0f,
+                                    std::numeric_limits<float>::quiet_NaN(),
+                                    std::numeric_limits<float>::infinity()};
+      put_option(offsetof(flashattn_options_t, softcap), kCaps[in_.u8() % 7]);
     }
     if ((fields & 0x30) != 0 && options_.n > sizeof(flashattn_options_t)) {
       const size_t tail = options_.n - sizeof(flashattn_options_t);
