@@ -7,48 +7,98 @@
 namespace flashattn_test {
 namespace {
 
+// Where one sequence's rows lie in the packed layout, and its lengths.
+struct Seq {
+  int64_t q0, nq, k0, nk;
+};
+
+Seq seq_of(const RefProblem& p, int64_t b) {
+  if (!p.varlen()) return Seq{b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
+  Seq s{0, p.seqlens_q[static_cast<size_t>(b)], 0, p.seqlens_k[static_cast<size_t>(b)]};
+  for (int64_t c = 0; c < b; ++c) {
+    s.q0 += p.seqlens_q[static_cast<size_t>(c)];
+    s.k0 += p.seqlens_k[static_cast<size_t>(c)];
+  }
+  return s;
+}
+
 struct Index {
   const RefProblem& p;
-  size_t q(int64_t b, int64_t i, int64_t h, int64_t x) const {
-    return static_cast<size_t>(((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim + x);
+  // Packed rows: (row * heads + h) * dim + x.
+  size_t q(int64_t row, int64_t h, int64_t x) const {
+    return static_cast<size_t>((row * p.heads_q + h) * p.head_dim + x);
   }
-  size_t k(int64_t b, int64_t j, int64_t h, int64_t x) const {
-    return static_cast<size_t>(((b * p.seqlen_k + j) * p.heads_kv + h) * p.head_dim + x);
+  size_t k(int64_t row, int64_t h, int64_t x) const {
+    return static_cast<size_t>((row * p.heads_kv + h) * p.head_dim + x);
   }
-  size_t lse(int64_t b, int64_t h, int64_t i) const {
+  size_t v(int64_t row, int64_t h, int64_t x) const {
+    return static_cast<size_t>((row * p.heads_kv + h) * p.dv() + x);
+  }
+  size_t o(int64_t row, int64_t h, int64_t x) const {
+    return static_cast<size_t>((row * p.heads_q + h) * p.dv() + x);
+  }
+  size_t lse(int64_t b, const Seq& s, int64_t h, int64_t i) const {
+    if (p.varlen()) return static_cast<size_t>(h * p.total_q() + s.q0 + i);
     return static_cast<size_t>((b * p.heads_q + h) * p.seqlen_q + i);
   }
 };
 
-// Keys [0, visible) are seen by query i.
-int64_t visible(const RefProblem& p, int64_t i) {
-  if (!p.causal) return p.seqlen_k;
-  return std::min(p.seqlen_k, std::max<int64_t>(0, i + p.seqlen_k - p.seqlen_q + 1));
+bool visible(const RefProblem& p, const Seq& s, int64_t i, int64_t j) {
+  const int64_t diag = s.nk - s.nq;
+  if (p.causal && j > i + diag) return false;
+  if (p.window_left >= 0 && j < i + diag - p.window_left) return false;
+  if (p.window_right >= 0 && j > i + diag + p.window_right) return false;
+  return true;
 }
 
-// Probabilities of one row into `prob` (size Nk, zeros past the visible keys); returns the LSE.
+// One row's probabilities into `prob` (size nk; 0 where hidden), and the softcap's derivative
+// 1 - tanh^2 per key into `dcap`. Returns the LSE (-inf for a row that sees no key) and sets
+// *p_sink to the sink's probability.
 template <class Real>
 Real row_probs(const RefProblem& p, const Index& ix, const std::vector<Real>& q,
-               const std::vector<Real>& k, int64_t b, int64_t i, int64_t h,
-               std::vector<Real>* prob) {
+               const std::vector<Real>& k, int64_t b, const Seq& s, int64_t i, int64_t h,
+               std::vector<Real>* prob, std::vector<Real>* dcap, Real* p_sink) {
   const int64_t hk = h / (p.heads_q / p.heads_kv);
-  const int64_t n = visible(p, i);
   const Real scale = static_cast<Real>(p.scale);
-  std::fill(prob->begin(), prob->end(), Real(0));
-  if (n == 0) return -std::numeric_limits<Real>::infinity();
-  Real mx = -std::numeric_limits<Real>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    Real s = 0;
-    for (int64_t x = 0; x < p.head_dim; ++x) s += q[ix.q(b, i, h, x)] * k[ix.k(b, j, hk, x)];
-    (*prob)[j] = s * scale;
-    mx = std::max(mx, (*prob)[j]);
+  const Real cap = static_cast<Real>(p.softcap);
+  const Real slope =
+      p.alibi.empty()
+          ? Real(0)
+          : static_cast<Real>(p.alibi[static_cast<size_t>(p.alibi_per_batch ? b * p.heads_q + h : h)]);
+  const Real ninf = -std::numeric_limits<Real>::infinity();
+  prob->assign(static_cast<size_t>(s.nk), Real(0));
+  dcap->assign(static_cast<size_t>(s.nk), Real(1));
+  *p_sink = Real(0);
+  std::vector<bool> seen(static_cast<size_t>(s.nk));
+  Real mx = ninf;
+  bool any = false;
+  for (int64_t j = 0; j < s.nk; ++j) {
+    if (!visible(p, s, i, j)) continue;
+    seen[static_cast<size_t>(j)] = any = true;
+    Real x = 0;
+    for (int64_t d = 0; d < p.head_dim; ++d) x += q[ix.q(s.q0 + i, h, d)] * k[ix.k(s.k0 + j, hk, d)];
+    x *= scale;
+    if (cap > 0) {
+      const Real t = std::tanh(x / cap);
+      x = cap * t;
+      (*dcap)[static_cast<size_t>(j)] = Real(1) - t * t;
+    }
+    x -= slope * static_cast<Real>(std::abs(i + (s.nk - s.nq) - j));
+    (*prob)[static_cast<size_t>(j)] = x;
+    mx = std::max(mx, x);
   }
-  Real sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    (*prob)[j] = std::exp((*prob)[j] - mx);
-    sum += (*prob)[j];
+  if (!any) return ninf;
+  const bool sink = !p.sinks.empty();
+  const Real sink_logit = sink ? static_cast<Real>(p.sinks[static_cast<size_t>(h)]) : ninf;
+  if (sink) mx = std::max(mx, sink_logit);
+  Real sum = sink ? std::exp(sink_logit - mx) : Real(0);
+  for (int64_t j = 0; j < s.nk; ++j) {
+    if (!seen[static_cast<size_t>(j)]) continue;
+    (*prob)[static_cast<size_t>(j)] = std::exp((*prob)[static_cast<size_t>(j)] - mx);
+    sum += (*prob)[static_cast<size_t>(j)];
   }
-  for (int64_t j = 0; j < n; ++j) (*prob)[j] /= sum;
+  for (int64_t j = 0; j < s.nk; ++j) (*prob)[static_cast<size_t>(j)] /= sum;
+  if (sink) *p_sink = std::exp(sink_logit - mx) / sum;
   return mx + std::log(sum);
 }
 
@@ -65,63 +115,91 @@ template <class Real>
 void forward_in(const RefProblem& p, const std::vector<Real>& q, const std::vector<Real>& k,
                 const std::vector<Real>& v, std::vector<Real>* out, std::vector<Real>* lse) {
   const Index ix{p};
-  out->assign(q.size(), Real(0));
-  if (lse != nullptr) lse->assign(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q), Real(0));
-  std::vector<Real> prob(static_cast<size_t>(p.seqlen_k));
-  for (int64_t b = 0; b < p.batch; ++b)
+  const int64_t dv = p.dv();
+  out->assign(static_cast<size_t>(p.total_q() * p.heads_q * dv), Real(0));
+  if (lse != nullptr) lse->assign(static_cast<size_t>(p.heads_q * p.total_q()), Real(0));
+  std::vector<Real> prob, dcap;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
-      for (int64_t i = 0; i < p.seqlen_q; ++i) {
-        const Real l = row_probs(p, ix, q, k, b, i, h, &prob);
-        if (lse != nullptr) (*lse)[ix.lse(b, h, i)] = l;
-        for (int64_t j = 0; j < p.seqlen_k; ++j) {
-          if (prob[j] == Real(0)) continue;
-          for (int64_t x = 0; x < p.head_dim; ++x)
-            (*out)[ix.q(b, i, h, x)] += prob[j] * v[ix.k(b, j, hk, x)];
+      for (int64_t i = 0; i < s.nq; ++i) {
+        Real p_sink;
+        const Real l = row_probs(p, ix, q, k, b, s, i, h, &prob, &dcap, &p_sink);
+        if (lse != nullptr) (*lse)[ix.lse(b, s, h, i)] = l;
+        for (int64_t j = 0; j < s.nk; ++j) {
+          if (prob[static_cast<size_t>(j)] == Real(0)) continue;
+          for (int64_t x = 0; x < dv; ++x)
+            (*out)[ix.o(s.q0 + i, h, x)] += prob[static_cast<size_t>(j)] * v[ix.v(s.k0 + j, hk, x)];
         }
       }
     }
+  }
 }
 
 template <class Real>
 void backward_in(const RefProblem& p, const std::vector<Real>& q, const std::vector<Real>& k,
                  const std::vector<Real>& v, const std::vector<Real>& dout, std::vector<Real>* dq,
-                 std::vector<Real>* dk, std::vector<Real>* dv) {
+                 std::vector<Real>* dk, std::vector<Real>* dv, std::vector<Real>* dsinks) {
   const Index ix{p};
   const Real scale = static_cast<Real>(p.scale);
+  const int64_t hdv = p.dv();
   dq->assign(q.size(), Real(0));
   dk->assign(k.size(), Real(0));
   dv->assign(v.size(), Real(0));
-  std::vector<Real> prob(static_cast<size_t>(p.seqlen_k));
-  std::vector<Real> dprob(static_cast<size_t>(p.seqlen_k));
-  for (int64_t b = 0; b < p.batch; ++b)
+  if (dsinks != nullptr) dsinks->assign(static_cast<size_t>(p.heads_q), Real(0));
+  std::vector<Real> prob, dcap, dprob;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    dprob.assign(static_cast<size_t>(s.nk), Real(0));
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const int64_t hk = h / (p.heads_q / p.heads_kv);
-      for (int64_t i = 0; i < p.seqlen_q; ++i) {
-        row_probs(p, ix, q, k, b, i, h, &prob);
-        const int64_t n = visible(p, i);
-        // dP_j = dO . v_j; dS_j = P_j (dP_j - sum_l P_l dP_l)
+      for (int64_t i = 0; i < s.nq; ++i) {
+        Real p_sink;
+        const Real l = row_probs(p, ix, q, k, b, s, i, h, &prob, &dcap, &p_sink);
+        if (std::isinf(l)) continue;  // a row that sees no key
+        // dP_j = dO . v_j; dS_j = P_j (dP_j - sum_l P_l dP_l), times the softcap's derivative.
         Real dot = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          Real s = 0;
-          for (int64_t x = 0; x < p.head_dim; ++x)
-            s += dout[ix.q(b, i, h, x)] * v[ix.k(b, j, hk, x)];
-          dprob[j] = s;
-          dot += prob[j] * s;
+        for (int64_t j = 0; j < s.nk; ++j) {
+          if (prob[static_cast<size_t>(j)] == Real(0)) continue;
+          Real e = 0;
+          for (int64_t x = 0; x < hdv; ++x) e += dout[ix.o(s.q0 + i, h, x)] * v[ix.v(s.k0 + j, hk, x)];
+          dprob[static_cast<size_t>(j)] = e;
+          dot += prob[static_cast<size_t>(j)] * e;
         }
-        for (int64_t j = 0; j < n; ++j) {
-          const Real ds = prob[j] * (dprob[j] - dot) * scale;
+        // The sink is a key of value 0: its dP is 0, so d sink = P_sink (0 - dot).
+        if (dsinks != nullptr) (*dsinks)[static_cast<size_t>(h)] -= p_sink * dot;
+        for (int64_t j = 0; j < s.nk; ++j) {
+          const size_t jj = static_cast<size_t>(j);
+          if (prob[jj] == Real(0)) continue;
+          const Real ds = prob[jj] * (dprob[jj] - dot) * dcap[jj] * scale;
           for (int64_t x = 0; x < p.head_dim; ++x) {
-            (*dq)[ix.q(b, i, h, x)] += ds * k[ix.k(b, j, hk, x)];
-            (*dk)[ix.k(b, j, hk, x)] += ds * q[ix.q(b, i, h, x)];
-            (*dv)[ix.k(b, j, hk, x)] += prob[j] * dout[ix.q(b, i, h, x)];
+            (*dq)[ix.q(s.q0 + i, h, x)] += ds * k[ix.k(s.k0 + j, hk, x)];
+            (*dk)[ix.k(s.k0 + j, hk, x)] += ds * q[ix.q(s.q0 + i, h, x)];
           }
+          for (int64_t x = 0; x < hdv; ++x)
+            (*dv)[ix.v(s.k0 + j, hk, x)] += prob[jj] * dout[ix.o(s.q0 + i, h, x)];
         }
       }
     }
+  }
 }
 
 }  // namespace
+
+int64_t RefProblem::total_q() const {
+  if (!varlen()) return batch * seqlen_q;
+  int64_t t = 0;
+  for (int64_t n : seqlens_q) t += n;
+  return t;
+}
+
+int64_t RefProblem::total_k() const {
+  if (!varlen()) return batch * seqlen_k;
+  int64_t t = 0;
+  for (int64_t n : seqlens_k) t += n;
+  return t;
+}
 
 double library_scale(int64_t head_dim, float requested) {
   const float s = requested != 0.0f
@@ -139,8 +217,9 @@ void reference_forward(const RefProblem& p, const std::vector<double>& q,
 void reference_backward(const RefProblem& p, const std::vector<double>& q,
                         const std::vector<double>& k, const std::vector<double>& v,
                         const std::vector<double>& dout, std::vector<double>* dq,
-                        std::vector<double>* dk, std::vector<double>* dv) {
-  backward_in<double>(p, q, k, v, dout, dq, dk, dv);
+                        std::vector<double>* dk, std::vector<double>* dv,
+                        std::vector<double>* dsinks) {
+  backward_in<double>(p, q, k, v, dout, dq, dk, dv, dsinks);
 }
 
 void naive_fp32_forward(const RefProblem& p, const std::vector<double>& q,
@@ -155,12 +234,15 @@ void naive_fp32_forward(const RefProblem& p, const std::vector<double>& q,
 void naive_fp32_backward(const RefProblem& p, const std::vector<double>& q,
                          const std::vector<double>& k, const std::vector<double>& v,
                          const std::vector<double>& dout, std::vector<double>* dq,
-                         std::vector<double>* dk, std::vector<double>* dv) {
-  std::vector<float> gq, gk, gv;
-  backward_in<float>(p, as<float>(q), as<float>(k), as<float>(v), as<float>(dout), &gq, &gk, &gv);
+                         std::vector<double>* dk, std::vector<double>* dv,
+                         std::vector<double>* dsinks) {
+  std::vector<float> gq, gk, gv, gs;
+  backward_in<float>(p, as<float>(q), as<float>(k), as<float>(v), as<float>(dout), &gq, &gk, &gv,
+                     dsinks != nullptr ? &gs : nullptr);
   widen(gq, dq);
   widen(gk, dk);
   widen(gv, dv);
+  widen(gs, dsinks);
 }
 
 }  // namespace flashattn_test

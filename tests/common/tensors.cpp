@@ -44,6 +44,8 @@ const char* dtype_label(flashattn_dtype_t dtype) {
       return "float16";
     case FLASHATTN_DTYPE_BFLOAT16:
       return "bfloat16";
+    case FLASHATTN_DTYPE_INT32:
+      return "int32";
   }
   return "unknown";
 }
@@ -59,6 +61,8 @@ double round_to(flashattn_dtype_t dtype, double value) {
       return flashattn::fp16_to_float(flashattn::float_to_fp16(f));
     case FLASHATTN_DTYPE_BFLOAT16:
       return flashattn::bf16_to_float(flashattn::float_to_bf16(f));
+    case FLASHATTN_DTYPE_INT32:
+      return std::nearbyint(value);
   }
   return value;
 }
@@ -119,6 +123,18 @@ HostTensor HostTensor::lse(int64_t b, int64_t h, int64_t n) {
   const int64_t shape[3] = {b, h, n};
   const int64_t strides[3] = {h * n, n, 1};
   return with_layout(FLASHATTN_DTYPE_FLOAT32, 3, shape, strides, nullptr, 0);
+}
+
+HostTensor HostTensor::vector(int64_t n) {
+  const int64_t shape[1] = {n};
+  const int64_t strides[1] = {1};
+  return with_layout(FLASHATTN_DTYPE_FLOAT32, 1, shape, strides, nullptr, 0);
+}
+
+HostTensor HostTensor::matrix(int64_t rows, int64_t cols) {
+  const int64_t shape[2] = {rows, cols};
+  const int64_t strides[2] = {cols, 1};
+  return with_layout(FLASHATTN_DTYPE_FLOAT32, 2, shape, strides, nullptr, 0);
 }
 
 int64_t HostTensor::numel() const {

@@ -41,6 +41,9 @@ class HostTensor {
                                     int64_t d);
   // The fp32 LSE [b, h, n], contiguous.
   static HostTensor lse(int64_t b, int64_t h, int64_t n);
+  // A contiguous fp32 vector [n] or matrix [rows, cols] (ALiBi slopes, sinks, their gradient).
+  static HostTensor vector(int64_t n);
+  static HostTensor matrix(int64_t rows, int64_t cols);
 
   flashattn_dtype_t dtype() const { return dtype_; }
   int rank() const { return rank_; }

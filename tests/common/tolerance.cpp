@@ -50,6 +50,8 @@ double dtype_atol(flashattn_dtype_t dtype) {
       return 1e-3;
     case FLASHATTN_DTYPE_BFLOAT16:
       return 8e-3;
+    case FLASHATTN_DTYPE_INT32:
+      return 0.0;
   }
   return 0.0;
 }
@@ -71,19 +73,19 @@ double max_abs(const std::vector<double>& v) {
 
 Comparison check_rule(const std::string& what, const std::vector<double>& got,
                       const std::vector<double>& base, const std::vector<double>& ref,
-                      double atol) {
+                      double atol, double factor) {
   if (got.size() != ref.size()) return size_mismatch(what, got.size(), ref.size());
   if (base.size() != ref.size()) return size_mismatch(what + " (base)", base.size(), ref.size());
   const Worst g = worst(got, ref);
   const Worst b = worst(base, ref);
   Comparison c;
   c.error = g.error;
-  c.bound = 2.0 * b.error + atol * std::max(1.0, max_abs(ref));
+  c.bound = factor * b.error + atol * std::max(1.0, max_abs(ref));
   c.ok = g.error <= c.bound;
   char buf[200];
   std::snprintf(buf, sizeof buf,
-                ": max |got - ref| = %.3g, bound %.3g (2 x base error %.3g + floor)", g.error,
-                c.bound, b.error);
+                ": max |got - ref| = %.3g, bound %.3g (%g x base error %.3g + floor)", g.error,
+                c.bound, factor, b.error);
   c.message = what + buf + where(got, ref, g.index);
   if (b.error > 0 && std::isinf(b.error)) c.message += " (the base result itself has NaN/inf)";
   return c;

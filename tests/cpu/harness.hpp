@@ -34,31 +34,54 @@ enum class Layout {
   BroadcastKV,  // k and v with batch stride 0
 };
 
+enum class Slopes { None, PerHead, PerBatchHead };
+
 struct Case {
   flashattn_dtype_t dtype = FLASHATTN_DTYPE_FLOAT32;
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 1;
+  int64_t head_dim_v = 0;  // 0: head_dim
   bool causal = false;
   float scale = 0.0f;  // as passed in the options (0: 1/sqrt(head_dim))
   Layout layout = Layout::Contiguous;
   uint64_t seed = 1;
   int threads = 2;
+  // The variants (the defaults: none).
+  bool window = false;
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  Slopes alibi = Slopes::None;
+  bool sinks = false;
+  // A variable-length batch of `batch` sequences of these lengths (seqlen_q / seqlen_k are then
+  // the max lengths passed, at least the longest); empty: a fixed-length batch.
+  std::vector<int64_t> seqlens_q, seqlens_k;
 
+  bool varlen() const { return !seqlens_q.empty(); }
+  int64_t dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // Whether the call needs flashattn_forward_ex (tensors of variants).
+  bool needs_args() const { return varlen() || alibi != Slopes::None || sinks; }
+  int64_t total_q() const;
+  int64_t total_k() const;
   std::string name() const;
-  RefProblem ref() const;
+  RefProblem ref() const;  // the slopes and sinks come from make_inputs: see Inputs::ref
 };
 
+// The tensors of one case. For a variable-length batch the storage is [1, total, heads, d] (and
+// the LSE [1, Hq, total_q]); the calls see it as [total, heads, d] ([Hq, total_q]).
 struct Inputs {
   HostTensor q, k, v, dout;
+  HostTensor alibi, sinks;  // fp32; empty tensors when the case has none
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
+  RefProblem ref(const Case& c) const;  // c.ref() with these slopes and sinks
 };
 Inputs make_inputs(const Case& c);
-// Output-shaped tensors (like q, or like k) in the case's layout, poisoned with NaN.
-HostTensor make_output(const Case& c, bool like_k);
+// Output-shaped tensors (like out, or like k / v) in the case's layout, poisoned with NaN.
+HostTensor make_output(const Case& c, bool like_k, int64_t head_dim);
 
 struct ForwardResult {
   HostTensor out, lse;
 };
 struct BackwardResult {
-  HostTensor dq, dk, dv;
+  HostTensor dq, dk, dv, dsinks;  // dsinks only with sinks
 };
 
 flashattn_options_t options_for(const Case& c, flashattn_algorithm_t algorithm);
@@ -68,6 +91,13 @@ ForwardResult run_forward(flashattn_context_t ctx, const Case& c, const Inputs& 
                           flashattn_algorithm_t algorithm, bool with_lse = true);
 BackwardResult run_backward(flashattn_context_t ctx, const Case& c, const Inputs& in,
                             const ForwardResult& fwd, flashattn_algorithm_t algorithm);
+
+// Each query row of the case (in the LSE's order) with where its output row lies.
+struct QueryRow {
+  size_t lse;          // index into the LSE's elements
+  int64_t b, i, h;     // out.get(b, i, h, x)
+};
+std::vector<QueryRow> query_rows(const Case& c);
 
 // What the standard algorithm may miss the reference by: output rounding to the dtype plus
 // fp32 accumulation, relative to the largest magnitude.

@@ -146,7 +146,7 @@ TEST_SUITE("cpu_nonfinite") {
       poison_keyless_rows(&in.q);
       poison_keyless_rows(&in.dout);
       ForwardResult poisoned_fwd = fwd;
-      poisoned_fwd.out = make_output(c, false);
+      poisoned_fwd.out = make_output(c, false, c.head_dim);
       poisoned_fwd.out.from_double(fwd.out.to_double());
       poison_keyless_rows(&poisoned_fwd.out);
       got = run_backward(ctx, c, in, poisoned_fwd, alg);

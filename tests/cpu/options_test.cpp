@@ -151,7 +151,7 @@ TEST_SUITE("cpu_options") {
       const flashattn_options_t o = options_for(c, alg);
       REQUIRE(flashattn_workspace_size(&bytes, ctx.get(), &q, &k, &v, &o, 0) == FLASHATTN_SUCCESS);
       std::vector<unsigned char> ws(bytes, 0xFF);  // NaN patterns: scratch must not be trusted
-      HostTensor out = make_output(c, false);
+      HostTensor out = make_output(c, false, c.head_dim);
       HostTensor lse = HostTensor::lse(1, 2, 100);
       const flashattn_tensor_t ov = out.view(), lv = lse.view();
       REQUIRE(flashattn_forward(ctx.get(), &q, &k, &v, &ov, &lv, &o, ws.data(), ws.size()) ==
@@ -236,7 +236,7 @@ TEST_SUITE("cpu_options") {
       flashattn_buffer_data(&base, bufs[i]);
       views[i] = src[i]->view_at(base);
     }
-    HostTensor out = make_output(c, false);
+    HostTensor out = make_output(c, false, c.head_dim);
     const flashattn_tensor_t ov = out.view();
     const flashattn_options_t o = options_for(c, FLASHATTN_ALGORITHM_FLASH);
     REQUIRE(flashattn_forward(ctx.get(), &views[0], &views[1], &views[2], &ov, nullptr, &o, nullptr,
@@ -256,7 +256,7 @@ TEST_SUITE("cpu_options") {
       c.scale = scale;
       const flashattn_options_t o = options_for(c, FLASHATTN_ALGORITHM_FLASH);
       const flashattn_tensor_t q = in.q.view(), k = in.k.view(), v = in.v.view();
-      HostTensor out = make_output(c, false);
+      HostTensor out = make_output(c, false, c.head_dim);
       HostTensor lse = HostTensor::lse(1, 1, 8);
       lse.poison();
       const flashattn_tensor_t ov = out.view(), lv = lse.view();

@@ -100,4 +100,64 @@ TEST_SUITE("cpu_precision") {
           }
     MESSAGE(cases << " cases; the largest error is " << worst_ratio << " x the naive fp32 one");
   }
+
+  TEST_CASE("fp32 variants within the rule of a naive fp32 implementation of them") {
+    // The naive loops compute the softcap with std::tanh in float: the library's own tanh, the
+    // window, ALiBi and the sinks must cost no more than that (3x with a softcap, 2x without).
+    struct Variant {
+      const char* name;
+      float softcap;
+      bool alibi, sinks, window;
+    } variants[] = {{"none", 0.0f, false, false, false}, {"softcap 1", 1.0f, false, false, false},
+                    {"softcap 20", 20.0f, false, false, false},
+                    {"alibi", 0.0f, true, false, false},
+                    {"sinks", 0.0f, false, true, false},
+                    {"window + softcap + alibi + sinks", 4.0f, true, true, true}};
+    for (const Variant& var : variants)
+      for (const Shape& s : {Shape{65, 63}, Shape{100, 300}, Shape{1, 200}})
+        for (int64_t d : {8, 64}) {
+          Case c = make(s, d, true);
+          // Logits of a few units (inputs stretched by 2, as above), which a cap of 1 bends.
+          c.softcap = var.softcap;
+          c.alibi = var.alibi ? Slopes::PerHead : Slopes::None;
+          c.sinks = var.sinks;
+          if (var.window) {
+            c.window = true;
+            c.window_left = 30;
+            c.window_right = -1;
+          }
+          INFO(var.name << ": " << c.name());
+          Inputs in = make_inputs(c);
+          stretch(&in.q, 2.0);
+          stretch(&in.k, 2.0);
+          const RefProblem p = in.ref(c);
+          const auto q = in.q.to_double(), k = in.k.to_double(), v = in.v.to_double();
+          const auto g = in.dout.to_double();
+          std::vector<double> ref_out, ref_lse, naive_out, naive_lse, ref[4], naive[4];
+          reference_forward(p, q, k, v, &ref_out, &ref_lse);
+          naive_fp32_forward(p, q, k, v, &naive_out, &naive_lse);
+          reference_backward(p, q, k, v, g, &ref[0], &ref[1], &ref[2], c.sinks ? &ref[3] : nullptr);
+          naive_fp32_backward(p, q, k, v, g, &naive[0], &naive[1], &naive[2],
+                              c.sinks ? &naive[3] : nullptr);
+          const double factor = c.softcap > 0 ? kSoftcapRuleFactor : kRuleFactor;
+          const double floor = std::max(dtype_atol(FLASHATTN_DTYPE_FLOAT32), lse_rounding(ref_lse));
+          CpuContext ctx;
+          for (flashattn_algorithm_t alg :
+               {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+            const ForwardResult fwd = run_forward(ctx.get(), c, in, alg);
+            const BackwardResult r = run_backward(ctx.get(), c, in, fwd, alg);
+            const Comparison out =
+                check_rule("out", fwd.out.to_double(), naive_out, ref_out, floor, factor);
+            CHECK_MESSAGE(out.ok, out.message);
+            const std::vector<double> got[4] = {r.dq.to_double(), r.dk.to_double(),
+                                                r.dv.to_double(),
+                                                c.sinks ? r.dsinks.to_double() : std::vector<double>()};
+            const char* const names[4] = {"dq", "dk", "dv", "dsinks"};
+            for (int w = 0; w < (c.sinks ? 4 : 3); ++w) {
+              const Comparison cmp = check_rule(names[w], got[w], naive[w], ref[w], floor, factor);
+              CHECK_MESSAGE(cmp.ok, cmp.message);
+            }
+          }
+        }
+  }
 }
