@@ -212,25 +212,7 @@ void CudaBackend::bind_cublas(cudaStream_t stream) {
   }
 }
 
-// The first attention variant of p that neither the flash kernels nor the standard algorithm
-// on CUDA implement yet, or nullptr. (A window of (-1, 0) is the causal mask, which they do.)
-const char* variant_not_on_cuda(const Problem& p) {
-  if (p.sliding_window()) return "a sliding window (options.window)";
-  if (p.softcap > 0.0f) return "a softcap (options.softcap)";
-  if (p.alibi != Alibi::None) return "ALiBi slopes";
-  if (p.sinks) return "attention sinks";
-  if (p.head_dim_v != p.head_dim) return "a head_dim of v that differs from q's";
-  if (p.varlen) return "a variable-length batch (cu_seqlens_q, cu_seqlens_k)";
-  return nullptr;
-}
-
 void CudaBackend::check_supported(const Problem& p, bool backward) const {
-  if (const char* variant = variant_not_on_cuda(p)) {
-    fail(FLASHATTN_ERROR_UNSUPPORTED,
-         "%s: the CUDA backend does not implement this variant yet, with either algorithm; the "
-         "CPU backend does",
-         variant);
-  }
   if (p.dtype == DType::F32) {
     fail(FLASHATTN_ERROR_UNSUPPORTED,
          "the CUDA backend computes in float16 and bfloat16; float32 runs on the CPU backend");

@@ -181,6 +181,17 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
     return p.dtype == DType::F16 ? "this build has no float16 flash kernels (see FLASHATTN_DTYPES)"
                                  : "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
   }
+  // Variants not built into the kernels yet (a window of (-1, 0) is the causal mask, which is).
+  if (p.sliding_window()) return "a sliding window (options.window) is not implemented yet";
+  if (p.softcap > 0.0f) return "a softcap (options.softcap) is not implemented yet";
+  if (p.alibi != Alibi::None) return "ALiBi slopes are not implemented yet";
+  if (p.sinks) return "attention sinks are not implemented yet";
+  if (p.head_dim_v != p.head_dim) {
+    return "a head_dim of v that differs from q's is not implemented yet";
+  }
+  if (p.varlen) {
+    return "variable-length batches (cu_seqlens_q, cu_seqlens_k) are not implemented yet";
+  }
   const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, p.head_dim))
                             : smem_of(choose(kFwdKernels, dev, p.dtype, p.head_dim));
   if (smem == 0) {
