@@ -12,6 +12,7 @@
 #include "cuda/common/arch.cuh"
 #include "cuda/common/dq_layout.cuh"
 #include "cuda/common/scheduler.cuh"
+#include "cuda/common/score_mod.cuh"
 
 namespace flashattn {
 namespace common {
@@ -66,15 +67,31 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
     acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    float l2 = INFINITY;
     if (part == 0) {
       p.dsum[row_base + r] = acc;
-      float l2 = INFINITY;
       if (row < p.seqlen_q) {
         const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride +
                                 int64_t(row) * p.lse_row_stride];
         if (lse != -INFINITY) l2 = lse * 1.4426950408889634f;
       }
       p.lse_log2[row_base + r] = l2;
+    }
+    // The sink's gradient, this block's share: -sum of P_sink * D over its rows, P_sink =
+    // exp2(sink2 - LSE2) (0 for rows past the end and rows that see no key: LSE2 = +inf).
+    if (p.dsinks != nullptr) {
+      float share = part == 0 ? exp2f(sink_log2_of(p, head) - l2) * acc : 0.0f;
+      __shared__ float warp_share[256 / 32];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) share += __shfl_xor_sync(0xffffffffu, share, o);
+      if (tid % 32 == 0) warp_share[tid / 32] = share;
+      __syncthreads();
+      if (tid == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < 256 / 32; ++w) sum += warp_share[w];  // a fixed order
+        p.dsink_partial[(int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kRows) +
+                        blk.m_block] = sum;
+      }
     }
   }
   // Zero this block's rows of the dQ accumulator.
@@ -121,6 +138,30 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
   }
 }
 
+// ---- 4. the sinks' gradient (when wanted) ----------------------------------------------------
+
+// dsinks[h] = -(sum of the preprocess's partials of head h over batch and query blocks), one
+// CTA per head, in double and a fixed order (deterministic whatever the mode).
+constexpr int kDsinkThreads = 256;
+__global__ void __launch_bounds__(kDsinkThreads) bwd_dsinks_kernel(const cuda::BwdParams p) {
+  const int head = blockIdx.x;
+  const int blocks = p.seqlen_q_rounded / kPrepostRows;
+  const int n = p.batch * blocks;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += kDsinkThreads) {
+    const int b = i / blocks, m = i % blocks;
+    sum += p.dsink_partial[(int64_t(b) * p.heads_q + head) * blocks + m];
+  }
+  __shared__ double part[kDsinkThreads];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = kDsinkThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[head * p.dsinks_stride] = static_cast<float>(-part[0]);
+}
+
 // The backward's three launches around a main kernel: preprocess, main(p), postprocess (which
 // reads the dQ accumulator in the layout p.dq_tiled names).
 template <class T, class Main>
@@ -134,6 +175,9 @@ cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&
   err = main(p);
   if (err != cudaSuccess) return err;
   bwd_postprocess_kernel<T><<<static_cast<unsigned>(post), 256, 0, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.dsinks == nullptr) return err;
+  bwd_dsinks_kernel<<<p.heads_q, kDsinkThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

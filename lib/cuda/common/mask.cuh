@@ -30,6 +30,13 @@ struct WindowMask {
     return WindowMask(seqlen_q, seqlen_k, -1, causal ? 0 : -1);
   }
 
+  // The same mask known to have no left bound (a compile-time -1: the plain loops' copy).
+  __host__ __device__ WindowMask without_left() const {
+    WindowMask m = *this;
+    m.left = -1;
+    return m;
+  }
+
   // The key blocks [begin, end) holding a key visible to some query of rows [m0, m0 + rows);
   // begin == end when there is none.
   __device__ __forceinline__ void n_block_range(int m0, int rows, int block_n, int& begin,
@@ -147,7 +154,7 @@ struct WindowMask {
 // The mask of a problem's batch entry: the one place the parameters' mask fields are read.
 template <class Params>
 __device__ __forceinline__ WindowMask mask_of(const Params& p, const SeqlenInfo& seq) {
-  return WindowMask::causal_or_full(seq.seqlen_q, seq.seqlen_k, p.causal);
+  return WindowMask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
 }
 
 }  // namespace common

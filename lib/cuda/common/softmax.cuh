@@ -92,13 +92,23 @@ struct OnlineSoftmax {
 
   // After the last key tile: per row the factor that normalizes the output (0 for a row that
   // saw no key) and the natural-log LSE (-inf for such a row). The sum is reduced over the quad.
-  __device__ __forceinline__ void finalize(float (&inv)[kRows], float (&lse)[kRows]) const {
+  // sink2, an attention sink's logit in log2 units (-inf: none), joins each denominator as a
+  // key of value 0: the row's maximum becomes max(row_max, sink2), so no term overflows. A row
+  // that saw no key stays 0 / -inf whatever the sink.
+  __device__ __forceinline__ void finalize(float (&inv)[kRows], float (&lse)[kRows],
+                                           float sink2 = -INFINITY) const {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float l = quad_sum(row_sum[r]);
       const bool seen = l > 0.0f && row_max[r] != -INFINITY;
-      inv[r] = seen ? 1.0f / l : 0.0f;
-      lse[r] = seen ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+      float m = row_max[r], keys = 1.0f, total = l;
+      if (sink2 != -INFINITY) {
+        m = fmaxf(row_max[r], sink2);
+        keys = exp2_approx(row_max[r] - m);  // what the keys' terms shrink by
+        total = l * keys + exp2_approx(sink2 - m);
+      }
+      inv[r] = seen ? keys / total : 0.0f;
+      lse[r] = seen ? m * kLn2 + logf(total) : -INFINITY;
     }
   }
 

@@ -135,7 +135,7 @@ LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count};
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {
-  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, total = 0;
+  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, dsink_partial = 0, total = 0;
 };
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -153,7 +153,9 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   w.dsum = align256(rows * hdim * 4);
   w.lse_log2 = w.dsum + align256(rows * 4);
   w.semaphore = w.lse_log2 + align256(rows * 4);
-  w.total = w.semaphore + align256(rows / 64 * 4);
+  // One partial sum of the sinks' gradient per 64 query rows (only with sinks).
+  w.dsink_partial = w.semaphore + align256(rows / 64 * 4);
+  w.total = w.dsink_partial + (p.sinks ? align256(rows / 64 * 4) : 0);
   return w;
 }
 
@@ -181,11 +183,7 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
     return p.dtype == DType::F16 ? "this build has no float16 flash kernels (see FLASHATTN_DTYPES)"
                                  : "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
   }
-  // Variants not built into the kernels yet (a window of (-1, 0) is the causal mask, which is).
-  if (p.sliding_window()) return "a sliding window (options.window) is not implemented yet";
-  if (p.softcap > 0.0f) return "a softcap (options.softcap) is not implemented yet";
-  if (p.alibi != Alibi::None) return "ALiBi slopes are not implemented yet";
-  if (p.sinks) return "attention sinks are not implemented yet";
+  // Variants not built into the kernels yet.
   if (p.head_dim_v != p.head_dim) {
     return "a head_dim of v that differs from q's is not implemented yet";
   }
@@ -225,9 +223,16 @@ namespace {
 
 // The fields the forward and backward parameters share (FwdParams and BwdParams name them
 // alike): the inputs' and LSE's pointers and strides, sizes, scale and mask.
+// A window bound at least this far from the diagonal hides no key: unbounded (-1), which
+// also keeps the kernels' index arithmetic far from int overflow.
+int window_bound(int64_t bound, const Problem& pr) {
+  return bound < 0 || bound >= pr.seqlen_q + pr.seqlen_k ? -1 : static_cast<int>(bound);
+}
+
 template <class Params>
 void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& k,
-                 const Tensor4& v, const Tensor4& out, const LseView& lse) {
+                 const Tensor4& v, const Tensor4& out, const LseView& lse,
+                 const VariantViews& variants) {
   p.q = q.data;
   p.k = k.data;
   p.v = v.data;
@@ -258,6 +263,14 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
   p.causal = pr.causal;
+  p.window_left = window_bound(pr.window_left, pr);
+  p.window_right = window_bound(pr.window_right, pr);
+  p.softcap = pr.softcap;
+  p.alibi = variants.alibi.data;
+  p.alibi_batch_stride = variants.alibi.stride_batch;
+  p.alibi_head_stride = variants.alibi.stride_head;
+  p.sinks = variants.sinks.data;
+  p.sinks_stride = variants.sinks.stride;
 }
 
 }  // namespace
@@ -266,7 +279,7 @@ cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo&
                           cudaStream_t stream) {
   const Problem& pr = a.problem;
   FwdParams p{};
-  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse);
+  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse, a.variants);
   const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
   if (k == nullptr) return cudaErrorNotSupported;
   const cudaError_t err = k->launch(p, launch_info(dev), stream);
@@ -286,7 +299,7 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
   BwdParams p{};
-  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse);
+  fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse, a.variants);
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
@@ -307,6 +320,9 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.dsum = reinterpret_cast<float*>(ws + w.dsum);
   p.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   p.dq_semaphore = reinterpret_cast<int*>(ws + w.semaphore);
+  p.dsinks = a.dsinks.data;
+  p.dsinks_stride = a.dsinks.stride;
+  p.dsink_partial = reinterpret_cast<float*>(ws + w.dsink_partial);
   p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
   p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
   p.deterministic = pr.deterministic;

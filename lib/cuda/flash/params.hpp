@@ -25,7 +25,16 @@ struct FwdParams {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
-  bool causal;
+  bool causal;       // the mask's right bound is the diagonal (the tile order's choice)
+  // The variants (KERNELS.md): the mask's bounds (causal folded in, -1: unbounded), the softcap
+  // (0: none), ALiBi slopes (null: none; slope of (b, h) at b * alibi_batch_stride +
+  // h * alibi_head_stride) and attention sinks (null: none; sink of h at h * sinks_stride).
+  int window_left, window_right;
+  float softcap;
+  const float* alibi;
+  int64_t alibi_batch_stride, alibi_head_stride;
+  const float* sinks;
+  int64_t sinks_stride;
 };
 
 struct BwdParams {
@@ -59,6 +68,20 @@ struct BwdParams {
   float scale;
   float scale_log2;
   bool causal;
+  // The variants (KERNELS.md): the mask's bounds (causal folded in, -1: unbounded), the softcap
+  // (0: none), ALiBi slopes (null: none; slope of (b, h) at b * alibi_batch_stride +
+  // h * alibi_head_stride) and attention sinks (null: none; sink of h at h * sinks_stride).
+  int window_left, window_right;
+  float softcap;
+  const float* alibi;
+  int64_t alibi_batch_stride, alibi_head_stride;
+  const float* sinks;
+  int64_t sinks_stride;
+  // dsinks (null: not wanted): written by the last launch from per-block partial sums in the
+  // workspace, [batch, heads_q, seqlen_q_rounded / 64], in a fixed order.
+  float* dsinks;
+  int64_t dsinks_stride;
+  float* dsink_partial;
   bool deterministic;
   bool dq_tiled;  // the dQ accumulator's layout: set by the sm90 kernel (64 x 64 tiles)
 };

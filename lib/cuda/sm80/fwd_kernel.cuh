@@ -12,6 +12,7 @@
 #include "cuda/common/epilogue.cuh"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/scheduler.cuh"
+#include "cuda/common/score_mod.cuh"
 #include "cuda/common/seqlen.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/flash/params.hpp"
@@ -104,8 +105,6 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   for (int i = 0; i < kMTiles * kDTiles * 4; ++i) acc_o[i] = 0.0f;
   common::OnlineSoftmax<kMTiles> softmax;
   softmax.reset();
-  const bool neg_scale = p.scale_log2 < 0.0f;
-  const float hidden = common::hidden_score(neg_scale);
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
   // ldmatrix lane roles: Q (A operand) and V (B, transposed) take matrix i = lane / 8 at rows
   // (i % 2) * 8, columns (i / 2) * 8; K (B operand) at rows (i / 2) * 8, columns (i % 2) * 8.
@@ -113,79 +112,92 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   const common::LdsmAddr<TileKV> k_addr(sK, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
   const common::LdsmAddr<TileKV> v_addr(sV, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
 
-  for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
-    const int n0 = n_block * kBlockN;
-    common::cp_async_wait<0>();
-    __syncthreads();  // K tile landed; every warp is done with the previous V tile
-    common::load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride,
-                                              p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
-    common::cp_async_commit();
-
-    // S = Q K^T for this warp's rows.
-    float acc_s[kMTiles * kNTiles * 4];
-#pragma unroll
-    for (int i = 0; i < kMTiles * kNTiles * 4; ++i) acc_s[i] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        common::ldmatrix_x4(q_addr.at(mt * 16, kk), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t b0, b1, b2, b3;
-        common::ldmatrix_x4(k_addr.at(np * 16, kk), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np), a[mt], b0, b1);
-          mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np + 1), a[mt], b2, b3);
-        }
-      }
-    }
-
-    if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-      mask.apply<kMTiles, kNTiles>(acc_s, m0 + warp_row0 + g, n0 + 2 * t, hidden);
-    }
-
-    common::cp_async_wait<0>();
-    __syncthreads();  // V tile landed; every warp is done reading this K tile
-    if (n_block > n_begin) {
-      const int nn = n0 - kBlockN;
-      common::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(nn) * p.k_row_stride,
-                                                p.k_row_stride, seq.seqlen_k - nn, p.head_dim,
-                                                tid);
+  // With a softcap or ALiBi the scores become log2 logits before the softmax (scale 1). The
+  // main loop is compiled twice (common::specialize), so that plain attention holds no
+  // register for them or for a window's left bound.
+  const common::ScoreMod mod = common::score_mod_of(p, batch, head, mask);
+  common::specialize(common::needs_general(mod, mask), [&](auto general) {
+    constexpr bool kGeneral = decltype(general)::value;
+    const common::WindowMask m = kGeneral ? mask : mask.without_left();
+    const bool modded = kGeneral && mod.active();
+    const float softmax_scale = modded ? 1.0f : p.scale_log2;
+    const bool neg_scale = softmax_scale < 0.0f;
+    const float hidden = common::hidden_score(neg_scale);
+    for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
+      const int n0 = n_block * kBlockN;
+      common::cp_async_wait<0>();
+      __syncthreads();  // K tile landed; every warp is done with the previous V tile
+      common::load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride,
+                                                p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
       common::cp_async_commit();
-    }
 
-    float corr[2 * kMTiles];
-    softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
-    common::scale_rows<kMTiles, kDTiles>(acc_o, corr);
-
-    // O += P V: two adjacent n8 tiles of S are the A fragment of one k16 step.
+      // S = Q K^T for this warp's rows.
+      float acc_s[kMTiles * kNTiles * 4];
 #pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      uint32_t a[kMTiles][4];
+      for (int i = 0; i < kMTiles * kNTiles * 4; ++i) acc_s[i] = 0.0f;
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        const float* s0 = acc_s + (mt * kNTiles + 2 * ks) * 4;
-        a[mt][0] = common::pack2<T>(s0[0], s0[1]);
-        a[mt][1] = common::pack2<T>(s0[2], s0[3]);
-        a[mt][2] = common::pack2<T>(s0[4], s0[5]);
-        a[mt][3] = common::pack2<T>(s0[6], s0[7]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDTiles / 2; ++dp) {
-        uint32_t b0, b1, b2, b3;
-        common::ldmatrix_x4_trans(v_addr.at(ks * 16, dp), b0, b1, b2, b3);
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp), a[mt], b0, b1);
-          mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp + 1), a[mt], b2, b3);
+          common::ldmatrix_x4(q_addr.at(mt * 16, kk), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t b0, b1, b2, b3;
+          common::ldmatrix_x4(k_addr.at(np * 16, kk), b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np), a[mt], b0, b1);
+            mma_16816<T>(acc_s + 4 * (mt * kNTiles + 2 * np + 1), a[mt], b2, b3);
+          }
+        }
+      }
+
+      if (modded) mod.apply<kMTiles, kNTiles>(acc_s, m0 + warp_row0 + g, n0 + 2 * t);
+      if (m.needs_mask(m0, kBlockM, n0, kBlockN)) {
+        m.apply<kMTiles, kNTiles>(acc_s, m0 + warp_row0 + g, n0 + 2 * t, hidden);
+      }
+
+      common::cp_async_wait<0>();
+      __syncthreads();  // V tile landed; every warp is done reading this K tile
+      if (n_block > n_begin) {
+        const int nn = n0 - kBlockN;
+        common::load_tile<TileKV, Cfg::kNThreads>(sK, kg + int64_t(nn) * p.k_row_stride,
+                                                  p.k_row_stride, seq.seqlen_k - nn, p.head_dim,
+                                                  tid);
+        common::cp_async_commit();
+      }
+
+      float corr[2 * kMTiles];
+      softmax.update<kNTiles>(acc_s, softmax_scale, neg_scale, corr);
+      common::scale_rows<kMTiles, kDTiles>(acc_o, corr);
+
+      // O += P V: two adjacent n8 tiles of S are the A fragment of one k16 step.
+#pragma unroll
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const float* s0 = acc_s + (mt * kNTiles + 2 * ks) * 4;
+          a[mt][0] = common::pack2<T>(s0[0], s0[1]);
+          a[mt][1] = common::pack2<T>(s0[2], s0[3]);
+          a[mt][2] = common::pack2<T>(s0[4], s0[5]);
+          a[mt][3] = common::pack2<T>(s0[6], s0[7]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t b0, b1, b2, b3;
+          common::ldmatrix_x4_trans(v_addr.at(ks * 16, dp), b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp), a[mt], b0, b1);
+            mma_16816<T>(acc_o + 4 * (mt * kDTiles + 2 * dp + 1), a[mt], b2, b3);
+          }
         }
       }
     }
-  }
+  });
 
   // Epilogue: one division per row, O through shared memory (the Q tile) for 16-byte stores.
   const common::TileCoord here = tiles_of<Cfg>(p).at(blockIdx.x);
@@ -193,7 +205,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   float* lse_g = lse_rows(here);
   const int rows_out = min(kBlockM, common::SeqlenInfo(p, here.batch).seqlen_q - m0);
   float inv[2 * kMTiles], lse[2 * kMTiles];
-  softmax.finalize(inv, lse);
+  softmax.finalize(inv, lse, common::sink_log2_of(p, here.head));
   __syncthreads();  // every warp is done reading sQ
   common::write_o_fragment<T, TileQ, kMTiles, kDTiles>(sQ, acc_o, inv, warp_row0 + g, t);
   common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows_out, t);

@@ -22,6 +22,7 @@
 #include "cuda/common/mask.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/scheduler.cuh"
+#include "cuda/common/score_mod.cuh"
 #include "cuda/common/seqlen.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/tile.cuh"
@@ -191,8 +192,6 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 
     const uint32_t k_addr = common::smem_u32(sK);
     const uint32_t v_addr = common::smem_u32(sV);
-    const bool neg_scale = p.scale_log2 < 0.0f;
-    const float hidden = common::hidden_score(neg_scale);
     RingSlot<kStages> kv;
     RingSlot<kQStages> q;
 
@@ -230,6 +229,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       mask.unmasked_blocks(m0, kBlockM, kBlockN, full_begin, full_end);
       const int row_in_tile = 64 * cwg + 16 * warp + g;  // this thread's first row
       const int row0 = m0 + row_in_tile;
+      // With a softcap or ALiBi the scores become log2 logits before the softmax (scale 1).
+      const common::ScoreMod mod = common::score_mod_of(p, c.batch, c.head, mask);
+      const float softmax_scale = mod.active() ? 1.0f : p.scale_log2;
+      const bool neg_scale = softmax_scale < 0.0f;
+      const float hidden = common::hidden_score(neg_scale);
 
       float acc_o[kHeadDim / 2];
 #pragma unroll
@@ -255,10 +259,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_s);
         if (leader) mbar_arrive(k_empty + kv.index);
+        if (mod.active()) mod.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t);
         if (n < full_begin || n >= full_end) {
           mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
         }
-        softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
+        softmax.update<kNTiles>(acc_s, softmax_scale, neg_scale, corr);
         pack_p(pa, acc_s);
         RingSlot<kStages> v_slot = kv;
         kv.advance();
@@ -278,10 +283,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
           wgmma_wait<1>();  // S is done, P V may still run
           fence_registers(acc_s);
           if (leader) mbar_arrive(k_empty + kv.index);
+          if (mod.active()) mod.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t);
           if (n < full_begin || n >= full_end) {
             mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
           }
-          softmax.update<kNTiles>(acc_s, p.scale_log2, neg_scale, corr);
+          softmax.update<kNTiles>(acc_s, softmax_scale, neg_scale, corr);
           wgmma_wait<0>();
           fence_registers(acc_o);
           fence_registers(pa);
@@ -312,7 +318,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 
       // ---- epilogue ----
       float inv[2], lse[2];
-      softmax.finalize(inv, lse);
+      softmax.finalize(inv, lse, common::sink_log2_of(p, c.head));
       if (!Cfg::kOAliasQ) {
         if (leader) common::bulk_wait_read();  // the last tile's store has read sO
         named_barrier_sync(wg_barrier, 128);
@@ -371,7 +377,9 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
   args.sched.num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   args.sched.heads = p.heads_q;
   args.sched.batch = p.batch;
-  args.sched.order = p.causal ? common::TileOrder::kLongestFirst : common::TileOrder::kHeadMajor;
+  // A right bound makes later query blocks longer: take them first.
+  args.sched.order =
+      p.window_right >= 0 ? common::TileOrder::kLongestFirst : common::TileOrder::kHeadMajor;
   const int64_t tiles = args.sched.num_tiles();
   if (tiles > INT32_MAX) return cudaErrorNotSupported;
   if (tiles == 0) return cudaSuccess;

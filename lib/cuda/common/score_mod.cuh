@@ -1,0 +1,123 @@
+// What turns a raw score s = q . k into the logit the softmax takes, for every kernel (the
+// semantics in the header and KERNELS.md):
+//   x = scale * s  ->  c * tanh(x / c) with a softcap c  ->  x - slope * |i + diag - j| with ALiBi.
+// Without a softcap or ALiBi the kernels fold the scale into the exponential (one FFMA per
+// score) and never call this; with one, the scores become logits in log2 units in place, and
+// the softmax runs with scale 1. The softcap's derivative 1 - tanh^2 is the backward's factor
+// on dS (d x / d (scale s)).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/mask.cuh"
+#include "cuda/common/ptx.cuh"
+
+namespace flashattn {
+namespace common {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh(y) = 1 - 2 / (e^{2y} + 1) from one exp2 and one reciprocal: an absolute error near
+// fp32's epsilon (tanh.approx's 2^-11 would put c * 2^-11 on a logit), exactly +-1 in the
+// limits (e^{2y} = inf gives 1, 0 gives -1), NaN for NaN.
+__device__ __forceinline__ float tanh_accurate(float y) {
+  return 1.0f - 2.0f * rcp_approx(exp2_approx(y * (2.0f * kLog2e)) + 1.0f);
+}
+
+struct ScoreMod {
+  float pre = 0.0f;     // s times this: scale / c with a softcap, else scale * log2(e)
+  float cap2 = 0.0f;    // c * log2(e) (softcap only)
+  float slope2 = 0.0f;  // slope * log2(e) (ALiBi only)
+  int diag = 0;         // the mask's diagonal: query i sits at key i + diag
+  bool softcap = false;
+  bool alibi = false;
+
+  __device__ __forceinline__ bool active() const { return softcap || alibi; }
+
+  // The log2 logit of raw score s for (query, key); dcap = 1 - tanh^2 (1 without a softcap).
+  __device__ __forceinline__ float logit2(float s, int query, int key, float& dcap) const {
+    float x;
+    if (softcap) {
+      const float th = tanh_accurate(s * pre);
+      x = cap2 * th;
+      dcap = fmaf(-th, th, 1.0f);
+    } else {
+      x = s * pre;
+      dcap = 1.0f;
+    }
+    if (alibi) x = fmaf(-slope2, static_cast<float>(abs(query + diag - key)), x);
+    return x;
+  }
+  __device__ __forceinline__ float logit2(float s, int query, int key) const {
+    float dcap;
+    return logit2(s, query, key, dcap);
+  }
+
+  // A score fragment (rows = queries, the layout WindowMask::apply takes) into log2 logits.
+  template <int kMTiles, int kNTiles>
+  __device__ __forceinline__ void apply(float (&acc)[kMTiles * kNTiles * 4], int row0,
+                                        int col0) const {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = acc[(mt * kNTiles + nt) * 4 + 2 * hh + e];
+            x = logit2(x, row0 + 16 * mt + 8 * hh, col0 + 8 * nt + e);
+          }
+  }
+};
+
+// The mod of (batch, head): the one place the parameters' softcap and ALiBi fields are read.
+template <class Params>
+__device__ __forceinline__ ScoreMod score_mod_of(const Params& p, int batch, int head,
+                                                 const WindowMask& mask) {
+  ScoreMod m;
+  m.diag = mask.diag;
+  m.softcap = p.softcap > 0.0f;
+  m.alibi = p.alibi != nullptr;
+  m.pre = m.softcap ? p.scale / p.softcap : p.scale_log2;
+  m.cap2 = p.softcap * kLog2e;
+  if (m.alibi) {
+    m.slope2 = p.alibi[batch * p.alibi_batch_stride + head * p.alibi_head_stride] * kLog2e;
+  }
+  return m;
+}
+
+// The attention sink of a head in log2 units (-inf: none), the term every row's denominator
+// gains.
+template <class Params>
+__device__ __forceinline__ float sink_log2_of(const Params& p, int head) {
+  return p.sinks == nullptr ? -INFINITY : p.sinks[head * p.sinks_stride] * kLog2e;
+}
+
+// Whether a tile needs the general loop: a softcap, ALiBi or a window's left bound. Without
+// them (plain attention, causal) the kernels run a loop specialized for that, with the mod off
+// and WindowMask::without_left, which holds no register for them.
+__device__ __forceinline__ bool needs_general(const ScoreMod& m, const WindowMask& mask) {
+  return m.active() || mask.left >= 0;
+}
+
+// Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop
+// once and gets both specializations behind one uniform branch.
+template <class F>
+__device__ __forceinline__ void specialize(bool general, F&& f) {
+  if (general) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+}  // namespace common
+}  // namespace flashattn
