@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
 // dsinks[h] = -(sum of the preprocess's partials of head h over batch and query blocks), one
 // CTA per head, in double and a fixed order (deterministic whatever the mode).
 constexpr int kDsinkThreads = 256;
+template <class T>  // a template, so that every instance file including this may define it
 __global__ void __launch_bounds__(kDsinkThreads) bwd_dsinks_kernel(const cuda::BwdParams p) {
   const int head = blockIdx.x;
   const int blocks = p.seqlen_q_rounded / kPrepostRows;
@@ -177,7 +178,7 @@ cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&
   bwd_postprocess_kernel<T><<<static_cast<unsigned>(post), 256, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.dsinks == nullptr) return err;
-  bwd_dsinks_kernel<<<p.heads_q, kDsinkThreads, 0, stream>>>(p);
+  bwd_dsinks_kernel<T><<<p.heads_q, kDsinkThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
