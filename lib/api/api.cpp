@@ -379,6 +379,11 @@ FLASHATTN_API flashattn_status_t flashattn_buffer_create(flashattn_buffer_t* out
     auto* buf = new flashattn_buffer;
     try {
       buf->data = state.backend->allocate(reserved);
+    } catch (const Error& e) {
+      delete buf;
+      // The caller asked for `bytes`; the guard is ours to mention.
+      fail(e.status(), "a buffer of %zu bytes (with its %zu-byte guard): %s", bytes, kBufferGuard,
+           e.what());
     } catch (...) {
       delete buf;
       throw;

@@ -63,6 +63,14 @@ struct BwdBlock {
     return mask_of(p, SeqlenInfo(p, batch));
   }
   __device__ int first_head(const cuda::BwdParams& p) const { return head_kv * p.group; }
+  // Deterministic dQ: this key block's turn among those that add into query block m_block, 0
+  // for the first (with a window's left bound that is not key block 0). The key blocks a query
+  // block sees are contiguous, so the turns are too.
+  __device__ int dq_turn(const cuda::BwdParams& p, int m_block) const {
+    int begin, end;
+    mask(p).n_block_range(m_block * kBlockM, kBlockM, kBlockN, begin, end);
+    return n_block - begin;
+  }
   // The step after (head, m_block).
   __device__ void next(int& head, int& m_block) const {
     if (++m_block == m_end) {
@@ -120,11 +128,11 @@ __device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batc
 }
 
 // Deterministic dQ: the key blocks add into a query block's accumulator in key-block order,
-// behind a per-query-block semaphore (zeroed by the preprocess). CTA-wide: waits until it is
-// key block n_block's turn.
-__device__ __forceinline__ void wait_dq_turn(int* sem, int n_block) {
+// behind a per-query-block semaphore (zeroed by the preprocess) that counts the turns taken
+// (BwdBlock::dq_turn). CTA-wide: waits until it is `turn`.
+__device__ __forceinline__ void wait_dq_turn(int* sem, int turn) {
   if (threadIdx.x == 0) {
-    while (atomicAdd(sem, 0) != n_block) {
+    while (atomicAdd(sem, 0) != turn) {
     }
     __threadfence();
   }
@@ -132,11 +140,11 @@ __device__ __forceinline__ void wait_dq_turn(int* sem, int n_block) {
 }
 // CTA-wide: hands the turn on, once every thread's adds are complete and visible (each thread
 // fences or waits for its own before calling).
-__device__ __forceinline__ void pass_dq_turn(int* sem, int n_block) {
+__device__ __forceinline__ void pass_dq_turn(int* sem, int turn) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicExch(sem, n_block + 1);
+    atomicExch(sem, turn + 1);
   }
 }
 

@@ -107,10 +107,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   float acc_dq[kQM][kQD][4];
   int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
   int* pending_sem = nullptr;
+  int pending_turn = 0;
   // Stages the last step's dQ tile (acc_dq) in `stage` and adds this warp's part of it with one
   // bulk operation (when deterministic: in key-block order, complete before the semaphore moves).
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, pending_turn);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);
 #pragma unroll
     for (int mi = 0; mi < kQM; ++mi)
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
   };
 
   for (int step = 0; step < steps; ++step) {
@@ -322,8 +323,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       if constexpr (kBulkDq) {
         pending_dq = stat_base * p.head_dim_padded;
         pending_sem = sem;
+        if (sem != nullptr) pending_turn = blk.dq_turn(p, m_block);
       } else {
-        if (sem != nullptr) common::wait_dq_turn(sem, blk.n_block);
+        const int turn = sem != nullptr ? blk.dq_turn(p, m_block) : 0;
+        if (sem != nullptr) common::wait_dq_turn(sem, turn);
         float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi) {
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
         if (sem != nullptr) {
           __threadfence();
-          common::pass_dq_turn(sem, blk.n_block);
+          common::pass_dq_turn(sem, turn);
         }
       }
     }

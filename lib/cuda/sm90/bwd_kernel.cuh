@@ -244,10 +244,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
     // tiles), then one bulk add of them. Deterministic: in key-block order behind a semaphore.
     int* sem = nullptr;
+    int turn = 0;
     if (p.deterministic) {
       sem = p.dq_semaphore +
             (int64_t(blk.batch) * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-      common::wait_dq_turn(sem, blk.n_block);
+      turn = blk.dq_turn(p, m_block);
+      common::wait_dq_turn(sem, turn);
     }
     if (lane == 0) common::bulk_wait_read();  // the last step's add has finished reading warp_dq
     __syncwarp();
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (p.deterministic) common::pass_dq_turn(sem, blk.n_block);
+    if (p.deterministic) common::pass_dq_turn(sem, turn);
     head = next_head;
     m_block = next_m_block;
   }

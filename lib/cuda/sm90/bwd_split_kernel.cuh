@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   // top of the next step; each warp adds its 16 rows of each of its two 64-column tiles.
   int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
   int* pending_sem = nullptr;
+  int pending_turn = 0;
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, pending_turn);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
     stage_dq_rows<kDSplit>(s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64, acc_dq, g, t);
     common::fence_proxy_async();
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, blk.n_block);
+    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
   };
 
   for (int step = 0; step < steps; ++step) {
@@ -255,6 +256,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
                                          (int64_t(blk.batch) * p.heads_q + head) *
                                              (p.seqlen_q_rounded / kBlockM) +
                                          m_block;
+    if (pending_sem != nullptr) pending_turn = blk.dq_turn(p, m_block);
     head = next_head;
     m_block = next_m_block;
   }
