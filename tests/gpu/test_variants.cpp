@@ -3,7 +3,9 @@
 // against the float64 reference by the tolerance rule with the standard result as base (3x with
 // a softcap: variant_harness.cpp says why). Each variant alone (windows, softcap, ALiBi per head
 // and per (batch, head), sinks, d_v != d, head dims that are not multiples of 8, packed and
-// unaligned views, variable-length batches) with GQA; shapes across tile boundaries.
+// unaligned views, variable-length batches) with GQA, then combinations; shapes across tile
+// boundaries; a variable-length batch against its sequences run one by one; deterministic
+// backwards with variants on.
 //
 // The variants reach the kernels one by one: the table below says which the suite expects of
 // each algorithm, kernel family and pass. A pass the table expects that answers UNSUPPORTED
@@ -77,6 +79,198 @@ bool expected(Family f, Pass p, Variant v) {
 namespace {
 
 void check(const Case& c, Tally& tally) { check_case(c, tally); }
+
+// One sequence of a variable-length case as a fixed-length case of batch 1: the same variants
+// (per-(batch, head) slopes become that sequence's per-head slopes) and the same values.
+struct Single {
+  Case c;
+  Inputs in;
+};
+
+Single single_of(const Case& whole, const Inputs& win, size_t b) {
+  int64_t q0 = 0, k0 = 0;
+  for (size_t s = 0; s < b; ++s) {
+    q0 += whole.lq[s];
+    k0 += whole.lk[s];
+  }
+  Single one;
+  one.c = whole;
+  one.c.lq.clear();
+  one.c.lk.clear();
+  one.c.slack = 0;
+  one.c.b = 1;
+  one.c.nq = whole.lq[b];
+  one.c.nk = whole.lk[b];
+  if (whole.alibi == Slopes::PerBatchHead) one.c.alibi = Slopes::PerHead;
+  one.in = make_inputs(one.c);
+  const int64_t D = whole.d, Dv = whole.head_dim_v();
+  for (int64_t i = 0; i < one.c.nq; ++i)
+    for (int64_t h = 0; h < whole.hq; ++h) {
+      for (int64_t x = 0; x < D; ++x) one.in.q.set(0, i, h, x, win.q.get(0, q0 + i, h, x));
+      for (int64_t x = 0; x < Dv; ++x) one.in.dout.set(0, i, h, x, win.dout.get(0, q0 + i, h, x));
+    }
+  for (int64_t j = 0; j < one.c.nk; ++j)
+    for (int64_t h = 0; h < whole.hkv; ++h) {
+      for (int64_t x = 0; x < D; ++x) one.in.k.set(0, j, h, x, win.k.get(0, k0 + j, h, x));
+      for (int64_t x = 0; x < Dv; ++x) one.in.v.set(0, j, h, x, win.v.get(0, k0 + j, h, x));
+    }
+  if (whole.alibi != Slopes::None) {
+    std::vector<double> slopes(static_cast<size_t>(whole.hq));
+    const std::vector<double> all = win.alibi.to_double();
+    const size_t row = whole.alibi == Slopes::PerBatchHead ? b : 0;
+    for (size_t h = 0; h < slopes.size(); ++h) slopes[h] = all[row * slopes.size() + h];
+    one.in.alibi.from_double(slopes);
+    one.in.ref.alibi = slopes;
+  }
+  if (whole.sinks) {
+    one.in.sinks.from_double(win.sinks.to_double());
+    one.in.ref.sinks = win.sinks.to_double();
+  }
+  return one;
+}
+
+bool identical(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+// A variable-length batch against its sequences run one by one, for one algorithm: every result
+// of the batch by the rule against float64 with the one-by-one results as base. (Whether the two
+// agree bit for bit depends on the kernel and tiles a variable-length launch picks, which the
+// header does not promise; it is reported, not asserted.)
+void check_against_singles(const Case& whole, flashattn_algorithm_t alg, Tally& tally) {
+  CAPTURE(whole.name());
+  const std::string algorithm = alg == FLASHATTN_ALGORITHM_FLASH ? "flash" : "standard";
+  CAPTURE(algorithm);
+  const Inputs in = make_inputs(whole);
+  std::vector<double> o_ref, lse_ref;
+  const Results ref_fwd = reference_forward_results(whole, in, &o_ref, &lse_ref);
+  Results wf, wb;
+  const bool fwd_ran = attempt(tally, Pass::Forward, whole, in, alg, 0, nullptr, &wf);
+  const bool bwd_ran = attempt(tally, Pass::Backward, whole, in, alg, 0, &ref_fwd, &wb);
+  if (!fwd_ran && !bwd_ran) return;
+
+  const int64_t Hq = whole.hq, Hkv = whole.hkv, D = whole.d, Dv = whole.head_dim_v();
+  const int64_t tq = whole.total_q();
+  // The one-by-one results packed like the batch's; where a sequence cannot run alone (no
+  // query or no key) the reference's values, which are exact there (0, or -inf for the LSE).
+  std::vector<double> g_ref[4];
+  flashattn_test::reference_backward(in.ref, in.q.to_double(), in.k.to_double(), in.v.to_double(),
+                                     in.dout.to_double(), &g_ref[0], &g_ref[1], &g_ref[2],
+                                     whole.sinks ? &g_ref[3] : nullptr);
+  std::vector<double> out = o_ref, lse = lse_ref,
+                      grads[4] = {g_ref[0], g_ref[1], g_ref[2],
+                                  std::vector<double>(g_ref[3].size())};
+  bool singles_ran = true;
+  int64_t q0 = 0, k0 = 0;
+  for (size_t b = 0; b < whole.lq.size(); ++b) {
+    const int64_t nq = whole.lq[b], nk = whole.lk[b];
+    if (nq > 0 && nk > 0) {
+      const Single one = single_of(whole, in, b);
+      Results sf, sb, one_fwd;
+      // The backward of the sequence reads the batch's forward values of its rows.
+      one_fwd.out = make_output(one.c, false, Dv);
+      one_fwd.lse = make_lse(one.c);
+      for (int64_t i = 0; i < nq; ++i)
+        for (int64_t h = 0; h < Hq; ++h) {
+          for (int64_t x = 0; x < Dv; ++x)
+            one_fwd.out.set(0, i, h, x, ref_fwd.out.get(0, q0 + i, h, x));
+          one_fwd.lse.set(0, h, i, 0, ref_fwd.lse.get(0, h, q0 + i));
+        }
+      if (fwd_ran && attempt(tally, Pass::Forward, one.c, one.in, alg, 0, nullptr, &sf)) {
+        for (int64_t i = 0; i < nq; ++i)
+          for (int64_t h = 0; h < Hq; ++h) {
+            for (int64_t x = 0; x < Dv; ++x)
+              out[static_cast<size_t>(((q0 + i) * Hq + h) * Dv + x)] = sf.out.get(0, i, h, x);
+            lse[static_cast<size_t>(h * tq + q0 + i)] = sf.lse.get(0, h, i);
+          }
+      } else {
+        singles_ran = false;
+      }
+      if (bwd_ran && attempt(tally, Pass::Backward, one.c, one.in, alg, 0, &one_fwd, &sb)) {
+        for (int64_t i = 0; i < nq; ++i)
+          for (int64_t h = 0; h < Hq; ++h)
+            for (int64_t x = 0; x < D; ++x)
+              grads[0][static_cast<size_t>(((q0 + i) * Hq + h) * D + x)] = sb.dq.get(0, i, h, x);
+        for (int64_t j = 0; j < nk; ++j)
+          for (int64_t h = 0; h < Hkv; ++h) {
+            for (int64_t x = 0; x < D; ++x)
+              grads[1][static_cast<size_t>(((k0 + j) * Hkv + h) * D + x)] = sb.dk.get(0, j, h, x);
+            for (int64_t x = 0; x < Dv; ++x)
+              grads[2][static_cast<size_t>(((k0 + j) * Hkv + h) * Dv + x)] = sb.dv.get(0, j, h, x);
+          }
+        if (whole.sinks && whole.want_dsinks) {
+          const std::vector<double> ds = sb.dsinks.to_double();
+          for (size_t h = 0; h < ds.size(); ++h) grads[3][h] += ds[h];
+        }
+      } else {
+        singles_ran = false;
+      }
+    }
+    q0 += nq;
+    k0 += whole.lk[b];
+  }
+  if (!singles_ran) return;  // reported by attempt (skipped or failed)
+  const double factor = rule_factor(whole);
+  const auto rule = [&](const char* what, const std::vector<double>& got,
+                        const std::vector<double>& base, const std::vector<double>& ref,
+                        flashattn_dtype_t floor_dtype) {
+    const flashattn_test::Comparison cmp = flashattn_test::check_rule(
+        what, got, base, ref, flashattn_test::dtype_atol(floor_dtype), factor);
+    CHECK_MESSAGE(cmp.ok, cmp.message);
+    return identical(got, base);
+  };
+  if (fwd_ran) {
+    const bool same_out =
+        rule("batch out (base: one by one)", wf.out.to_double(), out, o_ref, whole.dtype);
+    const bool same_lse = rule("batch lse (base: one by one)", wf.lse.to_double(), lse, lse_ref,
+                               FLASHATTN_DTYPE_FLOAT32);
+    MESSAGE(family_name(family_of(alg, Pass::Forward, whole))
+            << " forward, batch against one by one: "
+            << std::string(same_out && same_lse ? "bit-identical"
+                                                   : "equal by the rule, not bit for bit"));
+  }
+  if (bwd_ran) {
+    const char* names[4] = {"batch dq (base: one by one)", "batch dk (base: one by one)",
+                            "batch dv (base: one by one)", "batch dsinks (base: one by one)"};
+    const HostTensor* got[4] = {&wb.dq, &wb.dk, &wb.dv, &wb.dsinks};
+    const int n = whole.sinks && whole.want_dsinks ? 4 : 3;
+    for (int i = 0; i < n; ++i) {
+      rule(names[i], got[i]->to_double(), grads[i], g_ref[i],
+           i == 3 ? FLASHATTN_DTYPE_FLOAT32 : whole.dtype);
+    }
+  }
+}
+
+// deterministic = 1: two backwards of each algorithm give the same bytes of dq, dk, dv and
+// dsinks.
+void check_deterministic(const Case& c, Tally& tally) {
+  CAPTURE(c.name());
+  const Inputs in = make_inputs(c);
+  std::vector<double> o_ref, lse_ref;
+  const Results fwd = reference_forward_results(c, in, &o_ref, &lse_ref);
+  for (flashattn_algorithm_t alg : {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+    const std::string algorithm = alg == FLASHATTN_ALGORITHM_FLASH ? "flash" : "standard";
+    CAPTURE(algorithm);
+    Results runs[2];
+    if (!attempt(tally, Pass::Backward, c, in, alg, /*deterministic=*/1, &fwd, &runs[0])) continue;
+    if (!attempt(tally, Pass::Backward, c, in, alg, /*deterministic=*/1, &fwd, &runs[1])) continue;
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0].dq, runs[1].dq), "dq differs between runs");
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0].dk, runs[1].dk), "dk differs between runs");
+    CHECK_MESSAGE(gpu_test::same_bytes(runs[0].dv, runs[1].dv), "dv differs between runs");
+    if (c.sinks) {
+      CHECK_MESSAGE(gpu_test::same_bytes(runs[0].dsinks, runs[1].dsinks),
+                    "dsinks differs between runs");
+    }
+    // The runs computed something: no NaN left of the poison, and not all zero.
+    const std::vector<double> dq = runs[0].dq.to_double();
+    const flashattn_test::Comparison nan = flashattn_test::check_no_nan("dq", dq);
+    CHECK_MESSAGE(nan.ok, nan.message);
+    CHECK_MESSAGE(flashattn_test::max_abs(dq) > 0, "dq is all zero");
+  }
+}
 
 }  // namespace
 
@@ -277,5 +471,66 @@ TEST_SUITE("gpu_variants_varlen") {
     check(varlen(with_dv(make(F16, 1, 1, 1, 4, 2, 128), 64), lq, lk), tally);
     check(varlen(with_dv(make(BF16, 1, 1, 1, 2, 1, 192, true), 128), lq, lk), tally);
     check(laid_out(varlen(make(BF16, 1, 1, 1, 4, 2, 33, true), lq, lk), Layout::Aligned), tally);
+  }
+}
+
+TEST_SUITE("gpu_variants_combined") {
+  TEST_CASE("combinations: window + softcap + ALiBi + sinks + GQA, with d_v and strided views") {
+    Tally tally("combinations");
+    for (flashattn_dtype_t dt : kDtypes) {
+      const Case base = make(dt, 2, 150, 170, 6, 2, 64, true);
+      check(with_sinks(with_alibi(softcapped(windowed(base, 40, 0), 8.0f))), tally);
+      check(with_sinks(with_alibi(softcapped(windowed(base, 25, 25), 3.0f), Slopes::PerBatchHead)),
+            tally);
+      Case wide = make(dt, 1, 300, 129, 4, 1, 128);
+      check(with_dv(with_sinks(with_alibi(softcapped(windowed(wide, -1, 50), 20.0f))), 64), tally);
+      check(laid_out(with_sinks(with_alibi(
+                         softcapped(windowed(make(dt, 2, 65, 127, 4, 2, 100, true), 60, -1), 5.0f),
+                         Slopes::PerBatchHead)),
+                     Layout::Aligned),
+            tally);
+    }
+  }
+
+  TEST_CASE("combinations in variable-length batches") {
+    Tally tally("varlen combinations");
+    for (flashattn_dtype_t dt : kDtypes) {
+      Case c = with_sinks(softcapped(windowed(make(dt, 1, 1, 1, 6, 2, 64, true), 40, 0), 8.0f));
+      c = varlen(c, {100, 0, 37, 129, 1}, {80, 64, 37, 200, 65});
+      check(with_alibi(c), tally);
+      check(laid_out(with_dv(with_alibi(c, Slopes::PerBatchHead), 128), Layout::Aligned), tally);
+    }
+    Case odd = with_sinks(with_alibi(
+        softcapped(windowed(make(BF16, 1, 1, 1, 4, 2, 100), 33, 33), 6.0f), Slopes::PerBatchHead));
+    check(laid_out(varlen(odd, {63, 65, 0, 300}, {127, 1, 9, 129}, 2), Layout::Aligned), tally);
+  }
+
+  TEST_CASE("a variable-length batch equals its sequences run one by one (by the rule)") {
+    Tally tally("varlen against one by one");
+    const std::vector<int64_t> lq = {40, 0, 129, 3, 200}, lk = {70, 5, 100, 0, 333};
+    Case c = with_sinks(
+        with_alibi(softcapped(windowed(make(BF16, 1, 1, 1, 4, 2, 64, true), 64, -1), 6.0f),
+                   Slopes::PerBatchHead));
+    Case plain = make(F16, 1, 1, 1, 4, 2, 128);
+    for (flashattn_algorithm_t alg : {FLASHATTN_ALGORITHM_FLASH, FLASHATTN_ALGORITHM_STANDARD}) {
+      check_against_singles(varlen(c, lq, lk), alg, tally);
+      check_against_singles(varlen(plain, lq, lk), alg, tally);
+    }
+  }
+
+  TEST_CASE("deterministic = 1: bit-identical dq, dk, dv, dsinks with variants on") {
+    Tally tally("determinism");
+    // More key blocks than one per query row and GQA 4:1, so that dq and dk/dv sum partial
+    // results from several blocks and heads: the order is what determinism fixes.
+    const Case fixed = with_sinks(
+        with_alibi(softcapped(windowed(make(BF16, 2, 333, 517, 4, 1, 64, true), 300, -1), 10.0f)));
+    const Case wide = with_dv(with_sinks(make(F16, 1, 257, 600, 4, 1, 128)), 64);
+    const Case packed =
+        varlen(with_sinks(with_alibi(windowed(make(BF16, 1, 1, 1, 4, 1, 128), 200, 100),
+                                     Slopes::PerBatchHead)),
+               {333, 0, 129, 65}, {517, 9, 300, 1});
+    check_deterministic(fixed, tally);
+    check_deterministic(wide, tally);
+    check_deterministic(packed, tally);
   }
 }
