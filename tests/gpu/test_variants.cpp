@@ -11,6 +11,11 @@
 // each algorithm, kernel family and pass. A pass the table expects that answers UNSUPPORTED
 // fails; one it does not expect is reported skipped with the library's message (and one that
 // runs anyway is checked all the same, with a note that the table can grow).
+//
+// On a GPU machine, from a build with -DFLASHATTN_TEST_HOOKS=ON (tests/gpu/CMakeLists.txt):
+//   ctest --test-dir build-gpu -R gpu_variants -j 4 -V
+//   FLASHATTN_TEST_FORCE_SM80=1 build-gpu/tests/gpu/gpu_tests --test-suite='gpu_variants*'
+// the second judging the flash passes as the sm80 kernels' (the banner line says which).
 #include <cmath>
 #include <cstring>
 
