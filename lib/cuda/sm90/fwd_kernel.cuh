@@ -358,6 +358,10 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
                        cudaStream_t stream) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  // A TMA store past a row's last column writes the rest of its 16-byte granule (measured on
+  // the H200: head_dim 33 in rows padded to 40 had columns 33..39 overwritten), so rows that
+  // end inside a granule go to the sm80 kernel, which stores them element by element.
+  if (p.head_dim % kTmaGranuleElems != 0) return cudaErrorNotSupported;
   FwdTmaArgs args{};
   args.p = p;
   const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,

@@ -21,6 +21,8 @@ struct TensorMapView {
 
 // The columns of a box; its rows are the caller's.
 constexpr int kTmaBoxCols = 64;
+// Elements of one 16-byte granule, the unit in which TMA moves the ends of rows.
+constexpr int kTmaGranuleElems = 8;
 
 // False when the driver's encoder is unavailable or refuses the view (the caller then takes
 // another kernel).
