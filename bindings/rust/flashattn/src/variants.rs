@@ -1,5 +1,19 @@
 //! The `_ex` calls: attention with the variants that need tensors of their own (ALiBi slopes,
 //! attention sinks and their gradient, variable-length batches), through `flashattn_args_t`.
+//!
+//! ```
+//! # use flashattn::{Options, View, ViewMut};
+//! # fn main() -> Result<(), flashattn::Error> {
+//! # let ctx = flashattn::Context::new(flashattn::Backend::Cpu, 0)?;
+//! let (q, k, v, cu) = (vec![0.5f32; 160], vec![0.25f32; 160], vec![1.0f32; 80], [0i32, 4, 10]); // two packed sequences
+//! let (qv, kv, vv, cuv) = (View::new(&q, &[10, 2, 8])?, View::new(&k, &[10, 2, 8])?, View::new(&v, &[10, 2, 4])?, View::new(&cu, &[3])?);
+//! let variants = flashattn::Variants { cu_seqlens_q: Some(&cuv), cu_seqlens_k: Some(&cuv), max_seqlen_q: 6, max_seqlen_k: 6, ..Default::default() };
+//! let mut out = vec![0f32; 80];
+//! ctx.forward_ex(&qv, &kv, &vv, &mut ViewMut::new(&mut out, &[10, 2, 4])?, None, &variants, &Options::default().window(3, 0).softcap(30.0))?;
+//! # assert!(out.iter().all(|&x| (x - 1.0).abs() < 1e-6)); // every v is 1
+//! # Ok(())
+//! # }
+//! ```
 
 use std::ptr;
 
