@@ -237,6 +237,8 @@ def test_bad_offsets_and_lengths_are_refused():
     refused("FLASHATTN_ERROR_INVALID_SHAPE", "cu_seqlens_q[2] is 3, below cu_seqlens_q[1] = 6; "
             "the offsets must not decrease", cu_seqlens_q=np.array([0, 6, 3], np.int32),
             max_seqlen_q=6)
+    refused("FLASHATTN_ERROR_INVALID_SHAPE", "cu_seqlens_q[1] is -2, below cu_seqlens_q[0] = 0",
+            cu_seqlens_q=np.array([0, -2, -4], np.int32))  # max_seqlen_q read from them: 0
     refused("FLASHATTN_ERROR_INVALID_SHAPE", "cu_seqlens_k[2] is 14, past the end of k's 13 tokens",
             cu_seqlens_k=np.array([0, 5, 14], np.int32), max_seqlen_k=9)
     with pytest.raises(flashattn.Error, match="q: rank is 4, expected 3"):

@@ -69,7 +69,10 @@ def _max_seqlen(value, offsets):
                          "memory (reading them would synchronize with the device)")
     import numpy as np
     host = np.asarray(offsets.obj)
-    return int(np.diff(host.astype(np.int64)).max()) if host.ndim == 1 and host.size > 1 else 0
+    if host.ndim != 1 or host.size < 2:
+        return 0  # the library names the offsets' wrong shape
+    # Never below 0: decreasing offsets are then reported as such, not as a negative length.
+    return max(0, int(np.diff(host.astype(np.int64)).max()))
 
 
 def _context(like, context):
