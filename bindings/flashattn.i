@@ -50,12 +50,37 @@
 %noexception flashattn_options::causal;
 %noexception flashattn_options::algorithm;
 %noexception flashattn_options::deterministic;
+%noexception flashattn_options::window;
+%noexception flashattn_options::window_left;
+%noexception flashattn_options::window_right;
+%noexception flashattn_options::softcap;
+%noexception flashattn_args;
+%noexception flashattn_args::~flashattn_args;
+%noexception flashattn_args::size;
+%noexception flashattn_args::options;
+%noexception flashattn_args::q;
+%noexception flashattn_args::k;
+%noexception flashattn_args::v;
+%noexception flashattn_args::out;
+%noexception flashattn_args::lse;
+%noexception flashattn_args::dout;
+%noexception flashattn_args::dq;
+%noexception flashattn_args::dk;
+%noexception flashattn_args::dv;
+%noexception flashattn_args::alibi_slopes;
+%noexception flashattn_args::sinks;
+%noexception flashattn_args::dsinks;
+%noexception flashattn_args::cu_seqlens_q;
+%noexception flashattn_args::cu_seqlens_k;
+%noexception flashattn_args::max_seqlen_q;
+%noexception flashattn_args::max_seqlen_k;
 
 /* 0 or 1 depending on how the library was built, so a generated binding would depend on the
  * build too: callers ask the loaded library with flashattn_has_cuda(). */
 %ignore FLASHATTN_HAS_CUDA;
-/* A C initializer list, not a value: bindings call flashattn_options_init(). */
+/* C initializer lists, not values: bindings call flashattn_options_init(), flashattn_args_init(). */
 %ignore FLASHATTN_OPTIONS_INIT;
+%ignore FLASHATTN_ARGS_INIT;
 
 %include <flashattn/version.h>
 %include <flashattn/flashattn.h>

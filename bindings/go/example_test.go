@@ -25,6 +25,46 @@ func Example() {
 	// Output: 256 32 <nil>
 }
 
+// The lines of docs/bindings.md's Variants section, between the lines that make the data: two
+// sequences of 4 and 6 tokens packed, a window, a softcap and sinks.
+func Example_variants() {
+	q := make([]float32, 10*2*8)
+	for i := range q {
+		q[i] = float32(i%5) / 5
+	}
+	k, v, dout := q, q, q
+	ctx, err := flashattn.NewContext(flashattn.CPU, 0)
+	defer ctx.Close()
+	dims := flashattn.Dims{Batch: 2, SeqLenQ: 10, SeqLenK: 10, HeadsQ: 2, HeadsKV: 2, HeadDim: 8} // packed: q [10, 2, 8]
+	vars := &flashattn.Variants{CuSeqlensQ: []int32{0, 4, 10}, CuSeqlensK: []int32{0, 4, 10}, Sinks: []float32{0, 0}}
+	opts := &flashattn.Options{Window: &flashattn.Window{Left: 3, Right: 0}, Softcap: 30}
+	out, lse, err := ctx.AttentionEx(dims, q, k, v, opts, vars)
+	_, _, _, dsinks, err := ctx.AttentionBackwardEx(dims, q, k, v, out, dout, lse, opts, vars)
+	fmt.Println(len(out), len(lse), len(dsinks), err)
+	// Output: 160 20 2 <nil>
+}
+
+func TestDocsShowTheVariantsExample(t *testing.T) {
+	docs, err := os.ReadFile("../../docs/bindings.md")
+	if err != nil {
+		t.Skipf("docs/bindings.md is not beside this test binary: %v", err)
+	}
+	source, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(docs), "## Variants")
+	block := regexp.MustCompile("(?s)```go\n(.*?)```").FindStringSubmatch(section)
+	if !ok || block == nil {
+		t.Fatal("docs/bindings.md has no go block under Variants")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(block[1]), "\n") {
+		if !strings.Contains(string(source), "\t"+line+"\n") {
+			t.Errorf("the documented line %q is not in Example_variants", line)
+		}
+	}
+}
+
 func TestDocsShowTheExample(t *testing.T) {
 	docs, err := os.ReadFile("../../docs/bindings.md")
 	if err != nil {

@@ -18,6 +18,7 @@ package flashattn
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"unsafe"
 
@@ -82,10 +83,11 @@ const (
 	Float32  DType = 1 // CPU backend only
 	Float16  DType = 2
 	BFloat16 DType = 3
+	Int32    DType = 16 // the offsets of a variable-length batch (CuSeqlensQ, CuSeqlensK)
 )
 
 func dtypeSize(t DType) int {
-	if t == Float32 {
+	if t == Float32 || t == Int32 {
 		return 4
 	}
 	return 2
@@ -119,7 +121,16 @@ type Options struct {
 	Scale         float32 // 0: 1/sqrt(head_dim)
 	Causal        bool    // key j masked for query i when j > i + seqlen_k - seqlen_q
 	Algorithm     Algorithm
-	Deterministic bool // bit-identical backward results run after run
+	Deterministic bool    // bit-identical backward results run after run
+	Window        *Window // nil: no sliding window
+	Softcap       float32 // 0: none; else c > 0: each score s becomes c * tanh(s / c)
+}
+
+// Window is a sliding window: query i sees the keys j with i + diag - Left <= j <= i + diag +
+// Right, diag = seqlen_k - seqlen_q (bottom-right aligned, as Causal); -1 leaves a side
+// unbounded. With Causal the right bound is at most 0.
+type Window struct {
+	Left, Right int
 }
 
 func (o *Options) raw() (*capi.Options, error) {
@@ -127,7 +138,28 @@ func (o *Options) raw() (*capi.Options, error) {
 	if err := capi.Flashattn_options_init(r); err != nil {
 		return nil, err
 	}
+	if err := o.fill(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// fill writes the options into r (initialized by Flashattn_options_init).
+func (o *Options) fill(r *capi.Options) error {
+	if o != nil && o.Window != nil {
+		for _, side := range []struct {
+			name string
+			v    int
+		}{{"Left", o.Window.Left}, {"Right", o.Window.Right}} {
+			if side.v < math.MinInt32 || side.v > math.MaxInt32 {
+				return &Error{Status: StatusInvalidArgument,
+					Message: fmt.Sprintf("options: Window.%s is %d, beyond the 32 bits of the C field", side.name, side.v)}
+			}
+		}
+		r.Window, r.WindowLeft, r.WindowRight = 1, int32(o.Window.Left), int32(o.Window.Right)
+	}
 	if o != nil {
+		r.Softcap = o.Softcap
 		r.SoftmaxScale = o.Scale
 		r.Algorithm = o.Algorithm
 		if o.Causal {
@@ -137,7 +169,7 @@ func (o *Options) raw() (*capi.Options, error) {
 			r.Deterministic = 1
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // Context binds one backend and device. It is used by one goroutine at a time. (Every method
@@ -268,7 +300,7 @@ func (b *Buffer) Read(offset int, dst []byte) error {
 	return err
 }
 
-func asBytes[T float32 | uint16](s []T) []byte {
+func asBytes[T float32 | uint16 | int32](s []T) []byte {
 	if len(s) == 0 {
 		return nil
 	}
@@ -281,6 +313,9 @@ func (b *Buffer) WriteFloat32(src []float32) error { return b.Write(0, asBytes(s
 // ReadFloat32 fills dst from the start of the buffer.
 func (b *Buffer) ReadFloat32(dst []float32) error { return b.Read(0, asBytes(dst)) }
 
+// WriteInt32 copies src (e.g. sequence offsets) to the start of the buffer.
+func (b *Buffer) WriteInt32(src []int32) error { return b.Write(0, asBytes(src)) }
+
 // WriteUint16 copies src (float16 or bfloat16 bits) to the start of the buffer.
 func (b *Buffer) WriteUint16(src []uint16) error { return b.Write(0, asBytes(src)) }
 
@@ -288,7 +323,8 @@ func (b *Buffer) WriteUint16(src []uint16) error { return b.Write(0, asBytes(src
 func (b *Buffer) ReadUint16(dst []uint16) error { return b.Read(0, asBytes(dst)) }
 
 // Tensor is a view of a buffer: Shape [batch, seqlen, heads, head_dim] (the LSE: [batch, heads,
-// seqlen]) and Strides counted in elements (nil: contiguous), starting Offset bytes into Buffer.
+// seqlen]; a variable-length batch: [total_tokens, heads, head_dim] and [heads, total_q]) and
+// Strides counted in elements (nil: contiguous), starting Offset bytes into Buffer.
 type Tensor struct {
 	Buffer  *Buffer
 	Offset  int
@@ -426,4 +462,98 @@ func (c *Context) query(q, k, v Tensor, opts *Options, backward, size bool) (int
 	var n uint64
 	err = capi.Flashattn_workspace_size(&n, c.h, r[0], r[1], r[2], o, flag)
 	return int(n), err
+}
+
+// Args are the tensors of one call, as flashattn_args_t names them, for ForwardEx, BackwardEx,
+// SupportedEx and WorkspaceSizeEx: they take the variants that need tensors of their own.
+// ForwardEx reads Q, K, V and the variants and writes Out and LSE (nil: not wanted);
+// BackwardEx also reads Out, LSE and DOut and writes DQ, DK, DV and DSinks (nil: not wanted),
+// so one Args can serve a forward and then its backward. A nil tensor is NULL.
+type Args struct {
+	Q, K, V, Out, LSE, DOut, DQ, DK, DV *Tensor
+	// AlibiSlopes: Float32 [HeadsQ] or [Batch, HeadsQ]; slope_h * |i + diag - j| is subtracted
+	// from each score.
+	AlibiSlopes *Tensor
+	// Sinks: Float32 [HeadsQ], one logit per head in every row's softmax denominator; DSinks
+	// (Float32 [HeadsQ]) receives its gradient.
+	Sinks, DSinks *Tensor
+	// CuSeqlensQ, CuSeqlensK: Int32 [Batch + 1], the offsets of a variable-length batch (both or
+	// neither): the other tensors are then [total_tokens, heads, head_dim], the LSE [HeadsQ,
+	// total_q]. MaxSeqlenQ and MaxSeqlenK bound every sequence's length.
+	CuSeqlensQ, CuSeqlensK *Tensor
+	MaxSeqlenQ, MaxSeqlenK int
+	Options                *Options
+}
+
+func (a *Args) tensors() []*Tensor {
+	return []*Tensor{a.Q, a.K, a.V, a.Out, a.LSE, a.DOut, a.DQ, a.DK, a.DV, a.AlibiSlopes, a.Sinks,
+		a.DSinks, a.CuSeqlensQ, a.CuSeqlensK}
+}
+
+var argsNames = []string{"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes",
+	"sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k"}
+
+// withArgs builds a's flashattn_args_t in C memory and calls fn with it.
+func withArgs(a *Args, fn func(*capi.Args) error) error {
+	if a == nil {
+		a = &Args{}
+	}
+	block, err := capi.NewArgsBlock()
+	if err != nil {
+		return err
+	}
+	defer block.Free()
+	ts := a.tensors()
+	raw, err := raws(argsNames, ts)
+	if err != nil {
+		return err
+	}
+	for i, r := range raw {
+		block.SetTensor(capi.ArgTensor(i), r)
+	}
+	if err := a.Options.fill(block.Options()); err != nil {
+		return err
+	}
+	block.Args().MaxSeqlenQ, block.Args().MaxSeqlenK = int64(a.MaxSeqlenQ), int64(a.MaxSeqlenK)
+	err = fn(block.Args())
+	keepAlive(ts)
+	return err
+}
+
+// ForwardEx is Forward for Args: out and, when a.LSE is set, the log-sum-exp, with every
+// variant a sets (its options too). On a CUDA context it is enqueued on the context's stream.
+func (c *Context) ForwardEx(a *Args) error {
+	defer runtime.KeepAlive(c)
+	return withArgs(a, func(r *capi.Args) error { return capi.Flashattn_forward_ex(c.h, r, 0, 0) })
+}
+
+// BackwardEx is Backward for Args: dq, dk, dv, and dsinks when a.DSinks is set. Everything but
+// the gradients must be the forward's.
+func (c *Context) BackwardEx(a *Args) error {
+	defer runtime.KeepAlive(c)
+	return withArgs(a, func(r *capi.Args) error { return capi.Flashattn_backward_ex(c.h, r, 0, 0) })
+}
+
+// SupportedEx is Supported for Args (shapes, dtypes, strides, options and lengths; no data is
+// read).
+func (c *Context) SupportedEx(a *Args, backward bool) error {
+	defer runtime.KeepAlive(c)
+	return withArgs(a, func(r *capi.Args) error { return capi.Flashattn_supported_ex(c.h, r, boolFlag(backward)) })
+}
+
+// WorkspaceSizeEx is WorkspaceSize for Args.
+func (c *Context) WorkspaceSizeEx(a *Args, backward bool) (int, error) {
+	defer runtime.KeepAlive(c)
+	var n uint64
+	err := withArgs(a, func(r *capi.Args) error {
+		return capi.Flashattn_workspace_size_ex(&n, c.h, r, boolFlag(backward))
+	})
+	return int(n), err
+}
+
+func boolFlag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -135,9 +135,22 @@ float parse_float(const std::string& s) {
   return v;
 }
 
-const char* const kTensorNames[] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
-constexpr int kNumTensors = 9;
-enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV };
+const char* const kTensorNames[] = {"q",     "k",     "v",      "out",          "lse",
+                                    "dout",  "dq",    "dk",     "dv",           "alibi_slopes",
+                                    "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k"};
+constexpr int kNumTensors = 14;
+enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CU_Q, CU_K };
+
+// The _ex ops take the plain op's views and the variant tensors through a flashattn_args_t.
+bool is_ex(const std::string& op) { return op.size() > 3 && op.compare(op.size() - 3, 3, "_ex") == 0; }
+std::string plain_op(const std::string& op) { return is_ex(op) ? op.substr(0, op.size() - 3) : op; }
+
+bool is_output(const std::string& op, int t) {
+  const std::string plain = plain_op(op);
+  if (plain == "forward") return t == OUT || t == LSE;
+  if (plain == "backward") return t == DQ || t == DK || t == DV || t == DSINKS;
+  return false;
+}
 
 int tensor_index(const std::string& name) {
   for (int i = 0; i < kNumTensors; ++i) {
@@ -153,6 +166,9 @@ constexpr size_t kOptionsStorage = 4096 + 64;
 // The baseline call of FORMAT.md, ready to be mutated.
 struct Fixture {
   static constexpr int64_t B = 2, NQ = 64, NK = 48, HQ = 4, HKV = 2, D = 32;
+  // The offsets of the variable-length form of the baseline: two full sequences each.
+  static constexpr int32_t kOffsetsQ[3] = {0, 64, 128};
+  static constexpr int32_t kOffsetsK[3] = {0, 48, 96};
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
@@ -167,30 +183,51 @@ struct Fixture {
   void* workspace = nullptr;
   size_t workspace_size = 0;
   int backward_flag = 0;
+  flashattn_args_t args = FLASHATTN_ARGS_INIT;
+  bool args_present = true;
 
-  Fixture() {
+  // The variant tensors' buffers exist for the _ex ops only: the heap then places the other
+  // buffers of a plain op's call as it did before there were variants (some lines depend on
+  // what lies past a buffer's end).
+  explicit Fixture(const std::string& op) {
     if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0) != FLASHATTN_SUCCESS) {
       throw std::runtime_error(std::string("context_create: ") + flashattn_last_error());
     }
     ctx_arg = ctx;
-    for (int t = 0; t < kNumTensors; ++t) {
+    const int tensors = is_ex(op) ? kNumTensors : ALIBI;
+    for (int t = 0; t < tensors; ++t) {
       const bool like_k = t == K || t == V || t == DK || t == DV;
       void* data = nullptr;
       size_t bytes = t == LSE ? size_t(B * HQ * NQ) * 4
                               : size_t(B * (like_k ? NK : NQ) * (like_k ? HKV : HQ) * D) * 4;
+      if (t == ALIBI) bytes = size_t(B * HQ) * 4;  // room for [batch, heads_q]
+      if (t == SINKS || t == DSINKS) bytes = size_t(HQ) * 4;
+      if (t == CU_Q || t == CU_K) bytes = size_t(B + 1) * 4;
       sizes[t] = bytes;
       if (flashattn_buffer_create(&bufs[t], ctx, bytes) != FLASHATTN_SUCCESS ||
           flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
         throw std::runtime_error(std::string("buffer: ") + flashattn_last_error());
       }
       base[t] = data;
-      flashattn_status_t st =
-          t == LSE ? flashattn_tensor_lse(&views[t], data, B, HQ, NQ)
-                   : flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B,
-                                         like_k ? NK : NQ, like_k ? HKV : HQ, D);
+      flashattn_status_t st = FLASHATTN_SUCCESS;
+      if (t == LSE) {
+        st = flashattn_tensor_lse(&views[t], data, B, HQ, NQ);
+      } else if (t >= ALIBI) {
+        flashattn_tensor_t& v = views[t];
+        v = flashattn_tensor_t{};
+        v.data = data;
+        v.dtype = t >= CU_Q ? FLASHATTN_DTYPE_INT32 : FLASHATTN_DTYPE_FLOAT32;
+        v.rank = 1;
+        v.shape[0] = t >= CU_Q ? B + 1 : HQ;
+        v.strides[0] = 1;
+      } else {
+        st = flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B, like_k ? NK : NQ,
+                                 like_k ? HKV : HQ, D);
+      }
       if (st != FLASHATTN_SUCCESS) throw std::runtime_error(flashattn_last_error());
-      present[t] = true;
+      present[t] = t < ALIBI;  // the variant tensors are given by a mutation
     }
+    if (flashattn_args_init(&args) != FLASHATTN_SUCCESS) throw std::runtime_error("args_init");
     flashattn_options_t o;
     if (flashattn_options_init(&o) != FLASHATTN_SUCCESS) throw std::runtime_error("options_init");
     std::memcpy(options_storage, &o, sizeof o);
@@ -204,13 +241,17 @@ struct Fixture {
   Fixture(const Fixture&) = delete;
   Fixture& operator=(const Fixture&) = delete;
 
-  // Finite inputs; outputs of `op` poisoned with a byte pattern.
+  // Finite inputs, the offsets of the variable-length form; outputs of `op` poisoned with a
+  // byte pattern.
   void fill(const std::string& op) {
     for (int t = 0; t < kNumTensors; ++t) {
-      const bool output = op == "forward" ? (t == OUT || t == LSE) : (t == DQ || t == DK || t == DV);
+      if (bufs[t] == nullptr) continue;
+      const bool output = is_output(op, t);
       std::vector<unsigned char> bytes(sizes[t]);
       if (output) {
         std::memset(bytes.data(), 0xA5, bytes.size());
+      } else if (t == CU_Q || t == CU_K) {
+        std::memcpy(bytes.data(), t == CU_Q ? kOffsetsQ : kOffsetsK, bytes.size());
       } else {
         const float half = 0.5f;
         for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &half, 4);
@@ -222,6 +263,7 @@ struct Fixture {
   std::vector<std::vector<unsigned char>> snapshot() {
     std::vector<std::vector<unsigned char>> s(kNumTensors);
     for (int t = 0; t < kNumTensors; ++t) {
+      if (bufs[t] == nullptr) continue;
       s[t].resize(sizes[t]);
       REQUIRE(flashattn_buffer_read(bufs[t], 0, s[t].data(), sizes[t]) == FLASHATTN_SUCCESS);
     }
@@ -259,6 +301,24 @@ struct Fixture {
       options_present = false;
       return;
     }
+    if (lhs == "args") {
+      if (rhs != "null") throw std::runtime_error("args takes only null");
+      args_present = false;
+      return;
+    }
+    if (lhs == "varlen") {
+      if (rhs != "1") throw std::runtime_error("varlen takes only 1");
+      make_varlen();
+      return;
+    }
+    if (lhs == "args.size") {
+      args.size = static_cast<size_t>(parse_int(rhs));  // two's complement: -1 = SIZE_MAX
+      return;
+    }
+    if (lhs == "args.max_seqlen_q" || lhs == "args.max_seqlen_k") {
+      (lhs.back() == 'q' ? args.max_seqlen_q : args.max_seqlen_k) = parse_int(rhs);
+      return;
+    }
     if (lhs == "workspace") {
       const int64_t n = parse_int(rhs);
       if (n < 0) throw std::runtime_error("negative workspace");
@@ -280,12 +340,15 @@ struct Fixture {
       return;
     }
     const size_t dot = lhs.find('.');
-    if (dot == std::string::npos) {  // <t>=null
-      if (rhs != "null") throw std::runtime_error("<t>= takes only null");
-      present[tensor_index(lhs)] = false;
+    if (dot == std::string::npos) {  // <t>=null, <t>=given
+      if (rhs != "null" && rhs != "given") throw std::runtime_error("<t>= takes null or given");
+      const int t = tensor_index(lhs);
+      if (rhs == "given" && bufs[t] == nullptr) throw std::runtime_error("a variant tensor needs an _ex op");
+      present[t] = rhs == "given";
       return;
     }
     const int index = tensor_index(lhs.substr(0, dot));
+    if (bufs[index] == nullptr) throw std::runtime_error("a variant tensor needs an _ex op");
     flashattn_tensor_t& t = views[index];
     const std::string field = lhs.substr(dot + 1);
     if (field == "dtype") {
@@ -299,6 +362,14 @@ struct Fixture {
       const int64_t i = parse_int(field.substr(open + 1, field.size() - open - 2));
       if (i < 0 || i >= FLASHATTN_MAX_RANK) throw std::runtime_error("index out of range");
       (shape ? t.shape : t.strides)[i] = parse_int(rhs);
+    } else if (field.compare(0, 7, "values[") == 0) {
+      if (field.back() != ']') throw std::runtime_error("bad index");
+      const int64_t i = parse_int(field.substr(7, field.size() - 8));
+      if (i < 0 || size_t(i + 1) * 4 > sizes[index]) throw std::runtime_error("values index out of range");
+      const int64_t v = parse_int(rhs);
+      if (v < INT32_MIN || v > INT32_MAX) throw std::runtime_error("value does not fit int32");
+      const int32_t x = static_cast<int32_t>(v);
+      REQUIRE(flashattn_buffer_write(bufs[index], size_t(i) * 4, &x, sizeof x) == FLASHATTN_SUCCESS);
     } else if (field == "data") {
       if (rhs == "null") {
         t.data = nullptr;
@@ -334,6 +405,14 @@ struct Fixture {
     } else if (field == "deterministic") {
       store32(reinterpret_cast<int32_t*>(o + offsetof(flashattn_options_t, deterministic)),
               parse_int(rhs));
+    } else if (field == "window" || field == "window_left" || field == "window_right") {
+      const size_t at = field == "window"        ? offsetof(flashattn_options_t, window)
+                        : field == "window_left" ? offsetof(flashattn_options_t, window_left)
+                                                 : offsetof(flashattn_options_t, window_right);
+      store32(reinterpret_cast<int32_t*>(o + at), parse_int(rhs));
+    } else if (field == "softcap") {
+      const float f = parse_float(rhs);
+      std::memcpy(o + offsetof(flashattn_options_t, softcap), &f, sizeof f);
     } else if (field == "tail") {
       const int64_t b = parse_int(rhs);
       if (b < 0 || b > 255) throw std::runtime_error("tail byte out of range");
@@ -346,10 +425,60 @@ struct Fixture {
     }
   }
 
+  // The variable-length form of the baseline (FORMAT.md): rank-3 views over the same buffers,
+  // both offsets given, the max lengths of its sequences.
+  void make_varlen() {
+    for (int t : {Q, OUT, DOUT, DQ, K, V, DK, DV}) {
+      const bool like_k = t == K || t == V || t == DK || t == DV;
+      flashattn_tensor_t& v = views[t];
+      v.rank = 3;
+      v.shape[0] = B * (like_k ? NK : NQ);
+      v.shape[1] = like_k ? HKV : HQ;
+      v.shape[2] = D;
+      v.shape[3] = 0;
+      v.strides[0] = v.shape[1] * D;
+      v.strides[1] = D;
+      v.strides[2] = 1;
+      v.strides[3] = 0;
+    }
+    flashattn_tensor_t& l = views[LSE];
+    l.rank = 2;
+    l.shape[0] = HQ;
+    l.shape[1] = B * NQ;
+    l.shape[2] = 0;
+    l.strides[0] = B * NQ;
+    l.strides[1] = 1;
+    l.strides[2] = 0;
+    present[CU_Q] = present[CU_K] = bufs[CU_Q] != nullptr;
+    args.max_seqlen_q = NQ;
+    args.max_seqlen_k = NK;
+  }
+
+  const flashattn_args_t* args_ptr() {
+    if (!args_present) return nullptr;
+    args.options = options_ptr();
+    const flashattn_tensor_t** fields[kNumTensors] = {
+        &args.q,  &args.k,  &args.v,  &args.out,          &args.lse,
+        &args.dout, &args.dq, &args.dk, &args.dv,        &args.alibi_slopes,
+        &args.sinks, &args.dsinks, &args.cu_seqlens_q,  &args.cu_seqlens_k};
+    for (int t = 0; t < kNumTensors; ++t) *fields[t] = view(t);
+    return &args;
+  }
+
   // Makes the call; for workspace_size also reports whether *out kept its sentinel.
   flashattn_status_t call(const std::string& op, bool* out_untouched) {
     flashattn_options_t* opt = options_ptr();
     *out_untouched = true;
+    if (op == "forward_ex") return flashattn_forward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
+    if (op == "backward_ex") return flashattn_backward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
+    if (op == "supported_ex") return flashattn_supported_ex(ctx_arg, args_ptr(), backward_flag);
+    if (op == "workspace_size_ex") {
+      const size_t sentinel = 0x5eed5eed;
+      size_t out = sentinel;
+      flashattn_status_t st = flashattn_workspace_size_ex(&out, ctx_arg, args_ptr(), backward_flag);
+      *out_untouched = out == sentinel;
+      return st;
+    }
     if (op == "forward") {
       return flashattn_forward(ctx_arg, view(Q), view(K), view(V), view(OUT), view(LSE), opt,
                                workspace, workspace_size);
@@ -438,7 +567,8 @@ TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status co
     CHECK(c.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
           std::string::npos);
     CHECK((c.op == "forward" || c.op == "backward" || c.op == "supported" ||
-           c.op == "workspace_size"));
+           c.op == "workspace_size" || c.op == "forward_ex" || c.op == "backward_ex" ||
+           c.op == "supported_ex" || c.op == "workspace_size_ex"));
     int code = -1;
     CHECK(status_by_name(c.status_name, &code));
     CHECK(code != 0);  // a catalogue of bad inputs
@@ -458,7 +588,8 @@ TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status co
 TEST_CASE("catalogue: the header documents every status the catalogue expects of a function") {
   const std::string header = read_file(FLASHATTN_HEADER_FILE);
   std::map<std::string, std::set<std::string>> documented;
-  for (const char* op : {"forward", "backward", "supported", "workspace_size"}) {
+  for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
+                         "backward_ex", "supported_ex", "workspace_size_ex"}) {
     documented[op] = documented_statuses(header, std::string("flashattn_") + op);
     INFO("flashattn_" << op);
     CHECK(documented[op].count("FLASHATTN_SUCCESS") == 1);
@@ -471,18 +602,31 @@ TEST_CASE("catalogue: the header documents every status the catalogue expects of
 }
 
 TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
-  // Without this, a case could pass for a reason other than its mutation.
-  for (const char* op : {"forward", "backward", "supported", "workspace_size"}) {
-    for (int backward : {0, 1}) {
-      INFO("op " << std::string(op) << " backward=" << backward);
-      Fixture f;
-      f.fill(op);
-      f.backward_flag = backward;
-      bool untouched = true;
-      flashattn_status_t st = f.call(op, &untouched);
-      INFO("last error: " << flashattn_last_error());
-      CHECK(st == FLASHATTN_SUCCESS);
-      CHECK(std::string(flashattn_last_error()).empty());
+  // Without this, a case could pass for a reason other than its mutation. The _ex ops also with
+  // every variant tensor given, and in the variable-length form.
+  const char* const variants[] = {"", "alibi_slopes=given;sinks=given;dsinks=given",
+                                  "varlen=1",
+                                  "varlen=1;alibi_slopes=given;sinks=given;dsinks=given;"
+                                  "alibi_slopes.rank=2;alibi_slopes.shape[0]=2;"
+                                  "alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"};
+  for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
+                         "backward_ex", "supported_ex", "workspace_size_ex"}) {
+    for (const char* mutations : variants) {
+      if (!is_ex(op) && mutations[0] != '\0') continue;
+      for (int backward : {0, 1}) {
+        INFO("op " << std::string(op) << " backward=" << backward << " " << mutations);
+        Fixture f(op);
+        f.fill(op);
+        if (mutations[0] != '\0') {
+          for (const std::string& m : split(mutations, ';')) f.apply(m);
+        }
+        f.backward_flag = backward;
+        bool untouched = true;
+        flashattn_status_t st = f.call(op, &untouched);
+        INFO("last error: " << flashattn_last_error());
+        CHECK(st == FLASHATTN_SUCCESS);
+        CHECK(std::string(flashattn_last_error()).empty());
+      }
     }
   }
 }
@@ -493,7 +637,7 @@ TEST_CASE("catalogue: every case yields its status, message, and leaves memory u
     INFO(catalogue_path() << ":" << c.line << " [" << c.id << "] " << c.op << " " << c.mutations);
     int expected = -1;
     REQUIRE(status_by_name(c.status_name, &expected));
-    Fixture f;
+    Fixture f(c.op);
     f.fill(c.op);
     if (c.mutations != "-") {
       for (const std::string& m : split(c.mutations, ';')) {

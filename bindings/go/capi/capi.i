@@ -9,8 +9,9 @@
  *    holding the status and the library's message. Go has no exceptions, so the shared
  *    %exception has nothing to raise (FLASHATTN_SWIG_RAISE is empty): the status's out typemap
  *    below reads flashattn_last_error() in the same C call, on the thread that made it.
- *  - flashattn_tensor_t and flashattn_options_t are the Go structs Tensor and Options of the same
- *    layout (types.go; layout_test.go checks it), passed by pointer; nil is NULL.
+ *  - flashattn_tensor_t, flashattn_options_t and flashattn_args_t are the Go structs Tensor,
+ *    Options and Args of the same layout (types.go, args.go; capi_test.go checks it), passed by
+ *    pointer; nil is NULL. An Args holds C addresses and lives in C memory (ArgsBlock).
  *  - Handles are the types Context and Buffer; void * is uintptr; output parameters are Go
  *    pointers; host memory to copy from or to is a []byte.
  */
@@ -84,15 +85,18 @@ FLASHATTN_GO_POINTER(flashattn_tensor_t *, *Tensor)
 FLASHATTN_GO_POINTER(const flashattn_tensor_t *, *Tensor)
 FLASHATTN_GO_POINTER(flashattn_options_t *, *Options)
 FLASHATTN_GO_POINTER(const flashattn_options_t *, *Options)
+FLASHATTN_GO_POINTER(flashattn_args_t *, *Args)
+FLASHATTN_GO_POINTER(const flashattn_args_t *, *Args)
 
 /* ---- host memory: byte slices ---- */
 %typemap(gotype) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len) "[]byte"
 %typemap(in) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len)
 %{ $1 = ($1_ltype)$input.array; $2 = (size_t)$input.len; %}
 
-/* The structs are Go structs (types.go), not SWIG proxies. */
+/* The structs are Go structs (types.go, args.go), not SWIG proxies. */
 %ignore flashattn_tensor;
 %ignore flashattn_options;
+%ignore flashattn_args;
 
 %include "../../flashattn.i"
 
@@ -107,3 +111,18 @@ FLASHATTN_GO_POINTER(const flashattn_options_t *, *Options)
 %constant int64_t OffsetofOptionsCausal = offsetof(flashattn_options_t, causal);
 %constant int64_t OffsetofOptionsAlgorithm = offsetof(flashattn_options_t, algorithm);
 %constant int64_t OffsetofOptionsDeterministic = offsetof(flashattn_options_t, deterministic);
+%constant int64_t OffsetofOptionsWindow = offsetof(flashattn_options_t, window);
+%constant int64_t OffsetofOptionsWindowLeft = offsetof(flashattn_options_t, window_left);
+%constant int64_t OffsetofOptionsWindowRight = offsetof(flashattn_options_t, window_right);
+%constant int64_t OffsetofOptionsSoftcap = offsetof(flashattn_options_t, softcap);
+%constant int64_t SizeofArgs = sizeof(flashattn_args_t);
+%constant int64_t OffsetofArgsOptions = offsetof(flashattn_args_t, options);
+%constant int64_t OffsetofArgsQ = offsetof(flashattn_args_t, q);
+%constant int64_t OffsetofArgsDv = offsetof(flashattn_args_t, dv);
+%constant int64_t OffsetofArgsAlibiSlopes = offsetof(flashattn_args_t, alibi_slopes);
+%constant int64_t OffsetofArgsSinks = offsetof(flashattn_args_t, sinks);
+%constant int64_t OffsetofArgsDsinks = offsetof(flashattn_args_t, dsinks);
+%constant int64_t OffsetofArgsCuSeqlensQ = offsetof(flashattn_args_t, cu_seqlens_q);
+%constant int64_t OffsetofArgsCuSeqlensK = offsetof(flashattn_args_t, cu_seqlens_k);
+%constant int64_t OffsetofArgsMaxSeqlenQ = offsetof(flashattn_args_t, max_seqlen_q);
+%constant int64_t OffsetofArgsMaxSeqlenK = offsetof(flashattn_args_t, max_seqlen_k);

@@ -11,6 +11,7 @@ import (
 func TestStructLayout(t *testing.T) {
 	var tensor Tensor
 	var options Options
+	var args Args
 	checks := []struct {
 		what      string
 		got, want uintptr
@@ -25,6 +26,21 @@ func TestStructLayout(t *testing.T) {
 		{"offsetof(flashattn_options_t, causal)", unsafe.Offsetof(options.Causal), uintptr(OffsetofOptionsCausal)},
 		{"offsetof(flashattn_options_t, algorithm)", unsafe.Offsetof(options.Algorithm), uintptr(OffsetofOptionsAlgorithm)},
 		{"offsetof(flashattn_options_t, deterministic)", unsafe.Offsetof(options.Deterministic), uintptr(OffsetofOptionsDeterministic)},
+		{"offsetof(flashattn_options_t, window)", unsafe.Offsetof(options.Window), uintptr(OffsetofOptionsWindow)},
+		{"offsetof(flashattn_options_t, window_left)", unsafe.Offsetof(options.WindowLeft), uintptr(OffsetofOptionsWindowLeft)},
+		{"offsetof(flashattn_options_t, window_right)", unsafe.Offsetof(options.WindowRight), uintptr(OffsetofOptionsWindowRight)},
+		{"offsetof(flashattn_options_t, softcap)", unsafe.Offsetof(options.Softcap), uintptr(OffsetofOptionsSoftcap)},
+		{"sizeof(flashattn_args_t)", unsafe.Sizeof(args), uintptr(SizeofArgs)},
+		{"offsetof(flashattn_args_t, options)", unsafe.Offsetof(args.Options), uintptr(OffsetofArgsOptions)},
+		{"offsetof(flashattn_args_t, q)", unsafe.Offsetof(args.Q), uintptr(OffsetofArgsQ)},
+		{"offsetof(flashattn_args_t, dv)", unsafe.Offsetof(args.Dv), uintptr(OffsetofArgsDv)},
+		{"offsetof(flashattn_args_t, alibi_slopes)", unsafe.Offsetof(args.AlibiSlopes), uintptr(OffsetofArgsAlibiSlopes)},
+		{"offsetof(flashattn_args_t, sinks)", unsafe.Offsetof(args.Sinks), uintptr(OffsetofArgsSinks)},
+		{"offsetof(flashattn_args_t, dsinks)", unsafe.Offsetof(args.Dsinks), uintptr(OffsetofArgsDsinks)},
+		{"offsetof(flashattn_args_t, cu_seqlens_q)", unsafe.Offsetof(args.CuSeqlensQ), uintptr(OffsetofArgsCuSeqlensQ)},
+		{"offsetof(flashattn_args_t, cu_seqlens_k)", unsafe.Offsetof(args.CuSeqlensK), uintptr(OffsetofArgsCuSeqlensK)},
+		{"offsetof(flashattn_args_t, max_seqlen_q)", unsafe.Offsetof(args.MaxSeqlenQ), uintptr(OffsetofArgsMaxSeqlenQ)},
+		{"offsetof(flashattn_args_t, max_seqlen_k)", unsafe.Offsetof(args.MaxSeqlenK), uintptr(OffsetofArgsMaxSeqlenK)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -100,4 +116,39 @@ func TestBuffersRoundTrip(t *testing.T) {
 	if n := Flashattn_last_error_r(msg); n != 0 || msg[0] != 0 {
 		t.Errorf("last_error_r after a success: %d %q", n, msg)
 	}
+}
+
+func TestArgsBlockHoldsInitializedArgs(t *testing.T) {
+	b, err := NewArgsBlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	a := b.Args()
+	if a.Size != uint64(SizeofArgs) || a.Options != uintptr(unsafe.Pointer(b.Options())) || a.Q != 0 || a.MaxSeqlenQ != 0 {
+		t.Errorf("args after init: %+v", *a)
+	}
+	if o := b.Options(); o.Size != uint64(SizeofOptions) || o.Window != 0 || o.Softcap != 0 {
+		t.Errorf("options after init: %+v", *o)
+	}
+	tensor := Tensor{Data: 256, Dtype: DType(FLASHATTN_DTYPE_INT32), Rank: 1}
+	b.SetTensor(ArgCuSeqlensK, &tensor)
+	if a.CuSeqlensK == 0 || a.CuSeqlensQ != 0 {
+		t.Error("SetTensor did not set exactly its field")
+	}
+	b.SetTensor(ArgCuSeqlensK, nil)
+	if a.CuSeqlensK != 0 {
+		t.Error("SetTensor(nil) left the field set")
+	}
+	var ctx Context
+	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
+		t.Fatal(err)
+	}
+	defer Flashattn_context_destroy(ctx)
+	err = Flashattn_forward_ex(ctx, a, 0, 0)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != Status(FLASHATTN_ERROR_INVALID_ARGUMENT) || e.Message != "flashattn_forward_ex: q is NULL" {
+		t.Errorf("forward_ex without q: %v", err)
+	}
+	runtime.KeepAlive(b)
 }

@@ -199,7 +199,7 @@ static void* Swig_malloc(int c) {
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_e47d65f12e9cbf2c(void *_swig_go_0) {
+void _wrap_Swig_free_capi_cf0225e2a673f880(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -209,7 +209,7 @@ void _wrap_Swig_free_capi_e47d65f12e9cbf2c(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_e47d65f12e9cbf2c(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_cf0225e2a673f880(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -222,7 +222,7 @@ void *_wrap_Swig_malloc_capi_e47d65f12e9cbf2c(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_cf0225e2a673f880() {
   int result;
   intgo _swig_go_result;
   
@@ -233,7 +233,7 @@ intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_SUCCESS_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_SUCCESS_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -250,7 +250,7 @@ intgo _wrap_FLASHATTN_SUCCESS_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -267,7 +267,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -284,7 +284,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -301,7 +301,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -318,7 +318,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -335,7 +335,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -352,7 +352,7 @@ intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -369,7 +369,7 @@ intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -386,7 +386,7 @@ intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -403,7 +403,7 @@ intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -420,7 +420,7 @@ intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -437,7 +437,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -454,7 +454,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_cf0225e2a673f880() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -471,7 +471,7 @@ intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_cf0225e2a673f880() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -488,7 +488,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_cf0225e2a673f880() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -505,7 +505,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_cf0225e2a673f880() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -522,7 +522,24 @@ intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_DTYPE_INT32_capi_cf0225e2a673f880() {
+  enum flashattn_dtype result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_DTYPE_INT32;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_cf0225e2a673f880() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -539,7 +556,7 @@ intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CPU_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_BACKEND_CPU_capi_cf0225e2a673f880() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -556,7 +573,7 @@ intgo _wrap_FLASHATTN_BACKEND_CPU_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_cf0225e2a673f880() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -573,7 +590,7 @@ intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_cf0225e2a673f880() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -590,7 +607,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_e47d65f12e9cbf2c() {
+intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_cf0225e2a673f880() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -607,7 +624,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_flashattn_version_number_capi_e47d65f12e9cbf2c() {
+intgo _wrap_flashattn_version_number_capi_cf0225e2a673f880() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -618,7 +635,7 @@ intgo _wrap_flashattn_version_number_capi_e47d65f12e9cbf2c() {
 }
 
 
-_gostring_ _wrap_flashattn_version_string_capi_e47d65f12e9cbf2c() {
+_gostring_ _wrap_flashattn_version_string_capi_cf0225e2a673f880() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -629,7 +646,7 @@ _gostring_ _wrap_flashattn_version_string_capi_e47d65f12e9cbf2c() {
 }
 
 
-intgo _wrap_flashattn_has_cuda_capi_e47d65f12e9cbf2c() {
+intgo _wrap_flashattn_has_cuda_capi_cf0225e2a673f880() {
   int result;
   intgo _swig_go_result;
   
@@ -640,7 +657,7 @@ intgo _wrap_flashattn_has_cuda_capi_e47d65f12e9cbf2c() {
 }
 
 
-_gostring_ _wrap_flashattn_status_string_capi_e47d65f12e9cbf2c(intgo _swig_go_0) {
+_gostring_ _wrap_flashattn_status_string_capi_cf0225e2a673f880(intgo _swig_go_0) {
   flashattn_status_t arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -653,7 +670,7 @@ _gostring_ _wrap_flashattn_status_string_capi_e47d65f12e9cbf2c(intgo _swig_go_0)
 }
 
 
-_gostring_ _wrap_flashattn_last_error_capi_e47d65f12e9cbf2c() {
+_gostring_ _wrap_flashattn_last_error_capi_cf0225e2a673f880() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -664,7 +681,7 @@ _gostring_ _wrap_flashattn_last_error_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_flashattn_last_error_r_capi_e47d65f12e9cbf2c(_goslice_ _swig_go_0) {
+long long _wrap_flashattn_last_error_r_capi_cf0225e2a673f880(_goslice_ _swig_go_0) {
   char *arg1 = (char *) 0 ;
   size_t arg2 ;
   size_t result;
@@ -678,7 +695,7 @@ long long _wrap_flashattn_last_error_r_capi_e47d65f12e9cbf2c(_goslice_ _swig_go_
 }
 
 
-_gostring_ _wrap_flashattn_cuda_device_count_capi_e47d65f12e9cbf2c(int *_swig_go_0) {
+_gostring_ _wrap_flashattn_cuda_device_count_capi_cf0225e2a673f880(int *_swig_go_0) {
   int *arg1 = (int *) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -705,7 +722,7 @@ _gostring_ _wrap_flashattn_cuda_device_count_capi_e47d65f12e9cbf2c(int *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_context_create_capi_e47d65f12e9cbf2c(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
+_gostring_ _wrap_flashattn_context_create_capi_cf0225e2a673f880(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
   flashattn_context_t *arg1 = (flashattn_context_t *) 0 ;
   flashattn_backend_t arg2 ;
   int arg3 ;
@@ -736,7 +753,7 @@ _gostring_ _wrap_flashattn_context_create_capi_e47d65f12e9cbf2c(flashattn_contex
 }
 
 
-_gostring_ _wrap_flashattn_context_destroy_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_destroy_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -763,7 +780,7 @@ _gostring_ _wrap_flashattn_context_destroy_capi_e47d65f12e9cbf2c(flashattn_conte
 }
 
 
-_gostring_ _wrap_flashattn_context_get_backend_capi_e47d65f12e9cbf2c(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_backend_capi_cf0225e2a673f880(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
   flashattn_backend_t *arg1 = (flashattn_backend_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -792,7 +809,7 @@ _gostring_ _wrap_flashattn_context_get_backend_capi_e47d65f12e9cbf2c(flashattn_b
 }
 
 
-_gostring_ _wrap_flashattn_context_get_device_capi_e47d65f12e9cbf2c(int *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_device_capi_cf0225e2a673f880(int *_swig_go_0, flashattn_context_t _swig_go_1) {
   int *arg1 = (int *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -821,7 +838,7 @@ _gostring_ _wrap_flashattn_context_get_device_capi_e47d65f12e9cbf2c(int *_swig_g
 }
 
 
-_gostring_ _wrap_flashattn_context_set_stream_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0, void *_swig_go_1) {
+_gostring_ _wrap_flashattn_context_set_stream_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, void *_swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_status_t result;
@@ -850,7 +867,7 @@ _gostring_ _wrap_flashattn_context_set_stream_capi_e47d65f12e9cbf2c(flashattn_co
 }
 
 
-_gostring_ _wrap_flashattn_context_get_stream_capi_e47d65f12e9cbf2c(void **_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_stream_capi_cf0225e2a673f880(void **_swig_go_0, flashattn_context_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -879,7 +896,7 @@ _gostring_ _wrap_flashattn_context_get_stream_capi_e47d65f12e9cbf2c(void **_swig
 }
 
 
-_gostring_ _wrap_flashattn_context_set_num_threads_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
+_gostring_ _wrap_flashattn_context_set_num_threads_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   int arg2 ;
   flashattn_status_t result;
@@ -908,7 +925,7 @@ _gostring_ _wrap_flashattn_context_set_num_threads_capi_e47d65f12e9cbf2c(flashat
 }
 
 
-_gostring_ _wrap_flashattn_context_synchronize_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_synchronize_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -935,7 +952,7 @@ _gostring_ _wrap_flashattn_context_synchronize_capi_e47d65f12e9cbf2c(flashattn_c
 }
 
 
-_gostring_ _wrap_flashattn_buffer_create_capi_e47d65f12e9cbf2c(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_create_capi_cf0225e2a673f880(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
   flashattn_buffer_t *arg1 = (flashattn_buffer_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   size_t arg3 ;
@@ -966,7 +983,7 @@ _gostring_ _wrap_flashattn_buffer_create_capi_e47d65f12e9cbf2c(flashattn_buffer_
 }
 
 
-_gostring_ _wrap_flashattn_buffer_destroy_capi_e47d65f12e9cbf2c(flashattn_buffer_t _swig_go_0) {
+_gostring_ _wrap_flashattn_buffer_destroy_capi_cf0225e2a673f880(flashattn_buffer_t _swig_go_0) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -993,7 +1010,7 @@ _gostring_ _wrap_flashattn_buffer_destroy_capi_e47d65f12e9cbf2c(flashattn_buffer
 }
 
 
-_gostring_ _wrap_flashattn_buffer_write_capi_e47d65f12e9cbf2c(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_write_capi_cf0225e2a673f880(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1025,7 +1042,7 @@ _gostring_ _wrap_flashattn_buffer_write_capi_e47d65f12e9cbf2c(flashattn_buffer_t
 }
 
 
-_gostring_ _wrap_flashattn_buffer_read_capi_e47d65f12e9cbf2c(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_read_capi_cf0225e2a673f880(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1057,7 +1074,7 @@ _gostring_ _wrap_flashattn_buffer_read_capi_e47d65f12e9cbf2c(flashattn_buffer_t 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_data_capi_e47d65f12e9cbf2c(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_data_capi_cf0225e2a673f880(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1086,7 +1103,7 @@ _gostring_ _wrap_flashattn_buffer_data_capi_e47d65f12e9cbf2c(void **_swig_go_0, 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_size_capi_e47d65f12e9cbf2c(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_size_capi_cf0225e2a673f880(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1115,7 +1132,7 @@ _gostring_ _wrap_flashattn_buffer_size_capi_e47d65f12e9cbf2c(size_t *_swig_go_0,
 }
 
 
-_gostring_ _wrap_flashattn_tensor_4d_capi_e47d65f12e9cbf2c(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+_gostring_ _wrap_flashattn_tensor_4d_capi_cf0225e2a673f880(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_dtype_t arg3 ;
@@ -1154,7 +1171,7 @@ _gostring_ _wrap_flashattn_tensor_4d_capi_e47d65f12e9cbf2c(flashattn_tensor_t *_
 }
 
 
-_gostring_ _wrap_flashattn_tensor_lse_capi_e47d65f12e9cbf2c(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
+_gostring_ _wrap_flashattn_tensor_lse_capi_cf0225e2a673f880(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   int64_t arg3 ;
@@ -1189,7 +1206,7 @@ _gostring_ _wrap_flashattn_tensor_lse_capi_e47d65f12e9cbf2c(flashattn_tensor_t *
 }
 
 
-_gostring_ _wrap_flashattn_options_init_capi_e47d65f12e9cbf2c(flashattn_options_t *_swig_go_0) {
+_gostring_ _wrap_flashattn_options_init_capi_cf0225e2a673f880(flashattn_options_t *_swig_go_0) {
   flashattn_options_t *arg1 = (flashattn_options_t *) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -1216,7 +1233,7 @@ _gostring_ _wrap_flashattn_options_init_capi_e47d65f12e9cbf2c(flashattn_options_
 }
 
 
-_gostring_ _wrap_flashattn_supported_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
+_gostring_ _wrap_flashattn_supported_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1253,7 +1270,7 @@ _gostring_ _wrap_flashattn_supported_capi_e47d65f12e9cbf2c(flashattn_context_t _
 }
 
 
-_gostring_ _wrap_flashattn_workspace_size_capi_e47d65f12e9cbf2c(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
+_gostring_ _wrap_flashattn_workspace_size_capi_cf0225e2a673f880(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1292,7 +1309,7 @@ _gostring_ _wrap_flashattn_workspace_size_capi_e47d65f12e9cbf2c(size_t *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_forward_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
+_gostring_ _wrap_flashattn_forward_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1335,7 +1352,7 @@ _gostring_ _wrap_flashattn_forward_capi_e47d65f12e9cbf2c(flashattn_context_t _sw
 }
 
 
-_gostring_ _wrap_flashattn_backward_capi_e47d65f12e9cbf2c(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
+_gostring_ _wrap_flashattn_backward_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1386,7 +1403,164 @@ _gostring_ _wrap_flashattn_backward_capi_e47d65f12e9cbf2c(flashattn_context_t _s
 }
 
 
-long long _wrap_SizeofTensor_capi_e47d65f12e9cbf2c() {
+_gostring_ _wrap_flashattn_args_init_capi_cf0225e2a673f880(flashattn_args_t *_swig_go_0) {
+  flashattn_args_t *arg1 = (flashattn_args_t *) 0 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_args_t *)_swig_go_0; 
+  
+  {
+    result = (flashattn_status_t)flashattn_args_init(arg1);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_supported_ex_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, intgo _swig_go_2) {
+  flashattn_context_t arg1 = (flashattn_context_t) 0 ;
+  flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
+  int arg3 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_context_t)_swig_go_0; 
+  arg2 = (flashattn_args_t *)_swig_go_1; 
+  arg3 = (int)_swig_go_2; 
+  
+  {
+    result = (flashattn_status_t)flashattn_supported_ex(arg1,(struct flashattn_args const *)arg2,arg3);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_workspace_size_ex_capi_cf0225e2a673f880(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_args_t *_swig_go_2, intgo _swig_go_3) {
+  size_t *arg1 = (size_t *) 0 ;
+  flashattn_context_t arg2 = (flashattn_context_t) 0 ;
+  flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
+  int arg4 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (size_t *)_swig_go_0; 
+  arg2 = (flashattn_context_t)_swig_go_1; 
+  arg3 = (flashattn_args_t *)_swig_go_2; 
+  arg4 = (int)_swig_go_3; 
+  
+  {
+    result = (flashattn_status_t)flashattn_workspace_size_ex(arg1,arg2,(struct flashattn_args const *)arg3,arg4);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_forward_ex_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+  flashattn_context_t arg1 = (flashattn_context_t) 0 ;
+  flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
+  void *arg3 = (void *) 0 ;
+  size_t arg4 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_context_t)_swig_go_0; 
+  arg2 = (flashattn_args_t *)_swig_go_1; 
+  arg3 = *(void **)&_swig_go_2; 
+  arg4 = (size_t)_swig_go_3; 
+  
+  {
+    result = (flashattn_status_t)flashattn_forward_ex(arg1,(struct flashattn_args const *)arg2,arg3,arg4);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_backward_ex_capi_cf0225e2a673f880(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+  flashattn_context_t arg1 = (flashattn_context_t) 0 ;
+  flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
+  void *arg3 = (void *) 0 ;
+  size_t arg4 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_context_t)_swig_go_0; 
+  arg2 = (flashattn_args_t *)_swig_go_1; 
+  arg3 = *(void **)&_swig_go_2; 
+  arg4 = (size_t)_swig_go_3; 
+  
+  {
+    result = (flashattn_status_t)flashattn_backward_ex(arg1,(struct flashattn_args const *)arg2,arg3,arg4);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+long long _wrap_SizeofTensor_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1397,7 +1571,7 @@ long long _wrap_SizeofTensor_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofTensorDtype_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofTensorDtype_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1408,7 +1582,7 @@ long long _wrap_OffsetofTensorDtype_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofTensorRank_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofTensorRank_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1419,7 +1593,7 @@ long long _wrap_OffsetofTensorRank_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofTensorShape_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofTensorShape_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1430,7 +1604,7 @@ long long _wrap_OffsetofTensorShape_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofTensorStrides_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofTensorStrides_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1441,7 +1615,7 @@ long long _wrap_OffsetofTensorStrides_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_SizeofOptions_capi_e47d65f12e9cbf2c() {
+long long _wrap_SizeofOptions_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1452,7 +1626,7 @@ long long _wrap_SizeofOptions_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofOptionsSoftmaxScale_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofOptionsSoftmaxScale_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1463,7 +1637,7 @@ long long _wrap_OffsetofOptionsSoftmaxScale_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofOptionsCausal_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofOptionsCausal_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1474,7 +1648,7 @@ long long _wrap_OffsetofOptionsCausal_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofOptionsAlgorithm_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofOptionsAlgorithm_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1485,12 +1659,177 @@ long long _wrap_OffsetofOptionsAlgorithm_capi_e47d65f12e9cbf2c() {
 }
 
 
-long long _wrap_OffsetofOptionsDeterministic_capi_e47d65f12e9cbf2c() {
+long long _wrap_OffsetofOptionsDeterministic_capi_cf0225e2a673f880() {
   int64_t result;
   long long _swig_go_result;
   
   
   result = (int64_t)(offsetof(flashattn_options_t, deterministic));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofOptionsWindow_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_options_t, window));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofOptionsWindowLeft_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_options_t, window_left));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofOptionsWindowRight_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_options_t, window_right));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofOptionsSoftcap_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_options_t, softcap));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_SizeofArgs_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(sizeof(flashattn_args_t));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsOptions_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, options));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsQ_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, q));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsDv_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, dv));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsAlibiSlopes_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, alibi_slopes));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsSinks_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, sinks));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsDsinks_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, dsinks));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsCuSeqlensQ_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, cu_seqlens_q));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsCuSeqlensK_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, cu_seqlens_k));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsMaxSeqlenQ_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, max_seqlen_q));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofArgsMaxSeqlenK_capi_cf0225e2a673f880() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_args_t, max_seqlen_k));
   _swig_go_result = result; 
   return _swig_go_result;
 }

@@ -27,7 +27,18 @@ type catalogueCase struct {
 
 var catalogueOutputs = map[string][]string{
 	"forward": {"out", "lse"}, "backward": {"dq", "dk", "dv"}, "supported": {}, "workspace_size": {},
+	"forward_ex": {"out", "lse"}, "backward_ex": {"dq", "dk", "dv", "dsinks"}, "supported_ex": {},
+	"workspace_size_ex": {},
 }
+
+// The variant tensors of the _ex ops, in the order of the ArgTensor fields after dv: their
+// buffers' sizes, and the offsets' contents.
+var (
+	variantNames = []string{"alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k"}
+	variantBytes = map[string]int64{"alibi_slopes": cB * cHQ * 4, "sinks": cHQ * 4, "dsinks": cHQ * 4,
+		"cu_seqlens_q": (cB + 1) * 4, "cu_seqlens_k": (cB + 1) * 4}
+	variantOffsets = map[string][]int32{"cu_seqlens_q": {0, cNQ, 2 * cNQ}, "cu_seqlens_k": {0, cNK, 2 * cNK}}
+)
 
 const (
 	cB, cNQ, cNK, cHQ, cHKV, cD = 2, 64, 48, 4, 2, 32
@@ -93,7 +104,7 @@ type call struct {
 	views         map[string]*Tensor
 	passed        map[string]*Tensor
 	ends          map[string]uintptr // each tensor's buffer: its base address plus its size
-	block         []uint64 // the zero-filled storage the options sit at the start of
+	block         []uint64           // the zero-filled storage the options sit at the start of
 	options       *Options
 	optionsSizeof uint64
 	passOptions   bool
@@ -101,12 +112,15 @@ type call struct {
 	workspace     uintptr
 	workspaceSize int64
 	backwardFlag  int
+	names         []string // every tensor with a buffer, in ArgTensor order
+	args          *ArgsBlock
+	passArgs      bool
 }
 
 func newCall(op string) (*call, error) {
 	c := &call{op: op, buffers: map[string]Buffer{}, contents: map[string][]byte{},
 		views: map[string]*Tensor{}, passed: map[string]*Tensor{}, ends: map[string]uintptr{},
-		passOptions: true}
+		passOptions: true, passArgs: true}
 	// Output parameters are locals: cgo refuses a pointer into memory that holds Go pointers.
 	var ctx Context
 	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
@@ -117,11 +131,19 @@ func newCall(op string) (*call, error) {
 	for _, n := range catalogueOutputs[op] {
 		isOutput[n] = true
 	}
-	for _, name := range catalogueNames {
+	// The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
+	c.names = append([]string{}, catalogueNames...)
+	if strings.HasSuffix(op, "_ex") {
+		c.names = append(c.names, variantNames...)
+	}
+	for _, name := range c.names {
 		shape := catalogueShape(name)
 		nbytes := int64(4)
 		for _, s := range shape {
 			nbytes *= s
+		}
+		if n, ok := variantBytes[name]; ok {
+			nbytes = n
 		}
 		var buf Buffer
 		if err := Flashattn_buffer_create(&buf, c.ctx, nbytes); err != nil {
@@ -132,7 +154,11 @@ func newCall(op string) (*call, error) {
 		for i := range data {
 			data[i] = poison
 		}
-		if !isOutput[name] {
+		if offsets, ok := variantOffsets[name]; ok {
+			for i, o := range offsets {
+				binary.LittleEndian.PutUint32(data[4*i:], uint32(o))
+			}
+		} else if !isOutput[name] {
 			for i := 0; i < len(data); i += 4 {
 				binary.LittleEndian.PutUint32(data[i:], math.Float32bits(0.5))
 			}
@@ -148,7 +174,15 @@ func newCall(op string) (*call, error) {
 		c.ends[name] = address + uintptr(nbytes)
 		view := &Tensor{}
 		var err error
-		if name == "lse" {
+		if _, ok := variantBytes[name]; ok {
+			view.Data, view.Dtype, view.Rank = address, DType(FLASHATTN_DTYPE_FLOAT32), 1
+			view.Shape[0], view.Strides[0] = cHQ, 1
+			if _, ok := variantOffsets[name]; ok {
+				view.Dtype, view.Shape[0] = DType(FLASHATTN_DTYPE_INT32), cB+1
+			}
+			c.views[name] = view // given by a mutation
+			continue
+		} else if name == "lse" {
 			err = Flashattn_tensor_lse(view, address, shape[0], shape[1], shape[2])
 		} else {
 			err = Flashattn_tensor_4d(view, address, DType(FLASHATTN_DTYPE_FLOAT32), shape[0], shape[1], shape[2], shape[3])
@@ -158,6 +192,11 @@ func newCall(op string) (*call, error) {
 		}
 		c.views[name], c.passed[name] = view, view
 	}
+	args, err := NewArgsBlock()
+	if err != nil {
+		return c, err
+	}
+	c.args = args
 	c.block = make([]uint64, optionsBlock/8)
 	c.options = (*Options)(unsafe.Pointer(&c.block[0]))
 	if err := Flashattn_options_init(c.options); err != nil {
@@ -230,8 +269,28 @@ func (c *call) mutate(m string) error {
 			return err
 		}
 		c.backwardFlag = n
+	case key == "args" && value == "null":
+		c.passArgs = false
+	case key == "args.size" || key == "args.max_seqlen_q" || key == "args.max_seqlen_k":
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return err
+		}
+		a := c.args.Args()
+		switch key {
+		case "args.size":
+			a.Size = uint64(v)
+		case "args.max_seqlen_q":
+			a.MaxSeqlenQ = v
+		default:
+			a.MaxSeqlenK = v
+		}
+	case key == "varlen" && value == "1":
+		c.makeVarlen()
 	case c.views[key] != nil && value == "null":
 		c.passed[key] = nil
+	case c.views[key] != nil && value == "given":
+		c.passed[key] = c.views[key]
 	default:
 		return c.mutateView(key, value)
 	}
@@ -247,22 +306,17 @@ func (c *call) mutateOptions(field, value string) error {
 			return err
 		}
 		o.Size = uint64(v) // two's complement: -1 is SIZE_MAX
-	case "softmax_scale":
-		switch value {
-		case "nan":
-			o.SoftmaxScale = float32(math.NaN())
-		case "inf":
-			o.SoftmaxScale = float32(math.Inf(1))
-		case "-inf":
-			o.SoftmaxScale = float32(math.Inf(-1))
-		default:
-			v, err := strconv.ParseFloat(value, 32)
-			if err != nil {
-				return err
-			}
-			o.SoftmaxScale = float32(v)
+	case "softmax_scale", "softcap":
+		f, err := parseFloat32(value)
+		if err != nil {
+			return err
 		}
-	case "causal", "algorithm", "deterministic":
+		if field == "softcap" {
+			o.Softcap = f
+		} else {
+			o.SoftmaxScale = f
+		}
+	case "causal", "algorithm", "deterministic", "window", "window_left", "window_right":
 		v, err := parseInt32("options."+field, value)
 		if err != nil {
 			return err
@@ -272,6 +326,12 @@ func (c *call) mutateOptions(field, value string) error {
 			o.Causal = v
 		case "algorithm":
 			o.Algorithm = Algorithm(v)
+		case "window":
+			o.Window = v
+		case "window_left":
+			o.WindowLeft = v
+		case "window_right":
+			o.WindowRight = v
 		default:
 			o.Deterministic = v
 		}
@@ -292,6 +352,41 @@ func (c *call) mutateOptions(field, value string) error {
 		return fmt.Errorf("unknown options field %q", field)
 	}
 	return nil
+}
+
+func parseFloat32(value string) (float32, error) {
+	switch value {
+	case "nan":
+		return float32(math.NaN()), nil
+	case "inf":
+		return float32(math.Inf(1)), nil
+	case "-inf":
+		return float32(math.Inf(-1)), nil
+	}
+	v, err := strconv.ParseFloat(value, 32)
+	return float32(v), err
+}
+
+// makeVarlen turns the baseline into its variable-length form (FORMAT.md).
+func (c *call) makeVarlen() {
+	for _, name := range []string{"q", "out", "dout", "dq", "k", "v", "dk", "dv"} {
+		rows, heads := int64(cB*cNQ), int64(cHQ)
+		if name == "k" || name == "v" || name == "dk" || name == "dv" {
+			rows, heads = cB*cNK, cHKV
+		}
+		t := c.views[name]
+		t.Rank = 3
+		t.Shape = [FLASHATTN_MAX_RANK]int64{rows, heads, cD, 0}
+		t.Strides = [FLASHATTN_MAX_RANK]int64{heads * cD, cD, 1, 0}
+	}
+	lse := c.views["lse"]
+	lse.Rank = 2
+	lse.Shape = [FLASHATTN_MAX_RANK]int64{cHQ, cB * cNQ, 0, 0}
+	lse.Strides = [FLASHATTN_MAX_RANK]int64{cB * cNQ, 1, 0, 0}
+	for name := range variantOffsets {
+		c.passed[name] = c.views[name]
+	}
+	c.args.Args().MaxSeqlenQ, c.args.Args().MaxSeqlenK = cNQ, cNK
 }
 
 func (c *call) mutateView(key, value string) error {
@@ -326,6 +421,17 @@ func (c *call) mutateView(key, value string) error {
 		} else {
 			t.Strides[i] = v
 		}
+	case strings.HasPrefix(field, "values[") && strings.HasSuffix(field, "]"):
+		i, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(field, "values["), "]"))
+		if err != nil || i < 0 || 4*(i+1) > len(c.contents[name]) {
+			return fmt.Errorf("bad index in %q", key)
+		}
+		v, err := parseInt32(key, value)
+		if err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint32(c.contents[name][4*i:], uint32(v))
+		return Flashattn_buffer_write(c.buffers[name], int64(4*i), c.contents[name][4*i:4*i+4])
 	case field == "data":
 		switch {
 		case value == "null":
@@ -353,6 +459,23 @@ func (c *call) mutateView(key, value string) error {
 	return nil
 }
 
+// exArgs copies the call's options and views into its ArgsBlock, as the _ex ops take them.
+func (c *call) exArgs() *Args {
+	if !c.passArgs {
+		return nil
+	}
+	copy(c.args.OptionsBytes(), unsafe.Slice((*byte)(unsafe.Pointer(&c.block[0])), optionsBlock))
+	a := c.args.Args()
+	a.Options = 0
+	if c.passOptions {
+		a.Options = uintptr(unsafe.Pointer(c.args.Options()))
+	}
+	for i, name := range append(append([]string{}, catalogueNames...), variantNames...) {
+		c.args.SetTensor(ArgTensor(i), c.passed[name])
+	}
+	return a
+}
+
 func (c *call) run() (error, bool) {
 	p := c.passed
 	var opts *Options
@@ -360,6 +483,16 @@ func (c *call) run() (error, bool) {
 		opts = c.options
 	}
 	switch c.op {
+	case "forward_ex":
+		return Flashattn_forward_ex(c.callCtx, c.exArgs(), c.workspace, c.workspaceSize), true
+	case "backward_ex":
+		return Flashattn_backward_ex(c.callCtx, c.exArgs(), c.workspace, c.workspaceSize), true
+	case "supported_ex":
+		return Flashattn_supported_ex(c.callCtx, c.exArgs(), c.backwardFlag), true
+	case "workspace_size_ex":
+		size := sizeSentinel
+		err := Flashattn_workspace_size_ex(&size, c.callCtx, c.exArgs(), c.backwardFlag)
+		return err, size == sizeSentinel
 	case "forward":
 		return Flashattn_forward(c.callCtx, p["q"], p["k"], p["v"], p["out"], p["lse"], opts, c.workspace, c.workspaceSize), true
 	case "backward":
@@ -374,7 +507,7 @@ func (c *call) run() (error, bool) {
 
 func (c *call) changedBuffers() ([]string, error) {
 	var changed []string
-	for _, name := range catalogueNames {
+	for _, name := range c.names {
 		now := make([]byte, len(c.contents[name]))
 		if err := Flashattn_buffer_read(c.buffers[name], 0, now); err != nil {
 			return nil, err
@@ -393,7 +526,43 @@ func (c *call) close() {
 	for _, b := range c.workspaceBufs {
 		Flashattn_buffer_destroy(b)
 	}
+	if c.args != nil {
+		c.args.Free()
+	}
 	Flashattn_context_destroy(c.ctx)
+}
+
+// The unmutated baselines succeed (else a case could pass for a reason other than its
+// mutation), the _ex ops also with every variant tensor given and in the variable-length form.
+func TestCatalogueBaselinesSucceed(t *testing.T) {
+	variants := []string{"-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
+		"varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;" +
+			"alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"}
+	for op := range catalogueOutputs {
+		for _, mutations := range variants {
+			if mutations != "-" && !strings.HasSuffix(op, "_ex") {
+				continue
+			}
+			for _, backward := range []int{0, 1} {
+				c, err := newCall(op)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if mutations != "-" {
+					for _, m := range strings.Split(mutations, ";") {
+						if err := c.mutate(m); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				c.backwardFlag = backward
+				if err, _ := c.run(); err != nil {
+					t.Errorf("%s %s backward=%d: %v", op, mutations, backward, err)
+				}
+				c.close()
+			}
+		}
+	}
 }
 
 func TestCatalogue(t *testing.T) {

@@ -5,7 +5,8 @@
 //
 // A failing status comes back as an error of type *Error, holding the status and the library's
 // message (read in the same C call, so on the thread that set it). The C structs are the Go
-// structs Tensor and Options below, of the same layout; handles are Context and Buffer.
+// structs Tensor and Options below and Args (args.go), of the same layout; handles are Context
+// and Buffer.
 package capi
 
 // #cgo pkg-config: flashattn
@@ -55,6 +56,10 @@ type Options struct {
 	Causal        int32
 	Algorithm     Algorithm
 	Deterministic int32
+	Window        int32
+	WindowLeft    int32
+	WindowRight   int32
+	Softcap       float32
 }
 
 // Error is a failing status of the C API and the message flashattn_last_error() gave for it.

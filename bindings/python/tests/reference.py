@@ -115,3 +115,70 @@ def assert_within(what, ours, ref64, std, atol):
     bound = 2.0 * max_error(std, ref64) + atol
     assert err <= bound, "%s: max error %.3g exceeds 2 x standard's %.3g + %.1g" % (
         what, err, max_error(std, ref64), atol)
+
+
+def variant_reference(q, k, v, dout=None, causal=False, scale=None, window=None, softcap=None,
+                      alibi_slopes=None, sinks=None):
+    """The header's definition of every variant, in float64, for a fixed-length batch
+    (q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv]): (out, lse) and, given dout,
+    (out, lse, dq, dk, dv, dsinks). Per query head h, query i, key j, diag = Nk - Nq:
+    x = scale q.k, then c tanh(x / c) with a softcap, minus slope_h |i + diag - j| with ALiBi;
+    keys hidden by causal (j > i + diag) or the window; Z = e^sink_h + sum of e^x over the
+    visible keys. A row that sees no key: out 0, lse -inf, no gradient."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    b, nq, hq, d = q.shape
+    nk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kk, vv = _expand(k, g), _expand(v, g)
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    raw = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    capped, dcap = raw, np.ones_like(raw)
+    if softcap:
+        t = np.tanh(raw / softcap)
+        capped, dcap = softcap * t, 1.0 - t * t
+    i = np.arange(nq)[:, None]
+    j = np.arange(nk)[None, :]
+    rel = i + (nk - nq) - j  # > 0: a key before the diagonal
+    x = capped
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = slopes.reshape(1, hq) if slopes.ndim == 1 else slopes
+        x = x - slopes[:, :, None, None] * np.abs(rel)[None, None]
+    visible = np.ones((nq, nk), dtype=bool)
+    if causal:
+        visible &= rel >= 0
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= rel <= left
+        if right >= 0:
+            visible &= -rel <= right
+    x = np.where(visible, x, -np.inf)
+    sink = (np.zeros(hq) if sinks is None else np.asarray(sinks, dtype=np.float64))[None, :, None]
+    seen = visible.any(axis=1)[None, None, :]  # [1, 1, Nq]
+    m = np.max(x, axis=-1)
+    if sinks is not None:
+        m = np.maximum(m, sink)
+    m = np.where(seen, m, 0.0)
+    e = np.exp(x - m[..., None])
+    z = e.sum(axis=-1) + (np.exp(sink - m) if sinks is not None else 0.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, np.log(np.where(seen, z, 1.0)) + m, -np.inf)
+    p = np.where(seen[..., None], e / np.where(seen, z, 1.0)[..., None], 0.0)
+    out = np.einsum("bhqk,bkhd->bqhd", p, vv)
+    if dout is None:
+        return out, lse
+    dout = np.asarray(dout, dtype=np.float64)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout).reshape(b, nk, hkv, g, -1).sum(axis=3)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vv)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, out)
+    dx = p * (dp - delta[..., None])
+    draw = dx * dcap
+    dq = np.einsum("bhqk,bkhd->bqhd", draw, kk) * scale
+    dk = (np.einsum("bhqk,bqhd->bkhd", draw, q) * scale).reshape(b, nk, hkv, g, d).sum(axis=3)
+    dsinks = None
+    if sinks is not None:
+        with np.errstate(invalid="ignore"):
+            weight = np.where(seen, np.exp(sink - np.where(seen, lse, 0.0)), 0.0)
+        dsinks = -(weight * delta).sum(axis=(0, 2))
+    return out, lse, dq, dk, dv, dsinks

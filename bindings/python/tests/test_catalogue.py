@@ -23,8 +23,22 @@ SHAPES = {
     "lse": (B, HQ, NQ), "dout": (B, NQ, HQ, D), "dq": (B, NQ, HQ, D), "dk": (B, NK, HKV, D),
     "dv": (B, NK, HKV, D),
 }
+# The variant tensors of the _ex ops ([heads_q] float32, [batch + 1] int32): name -> (shape,
+# dtype, buffer bytes, contents).
+OFFSETS = {"cu_seqlens_q": (0, NQ, 2 * NQ), "cu_seqlens_k": (0, NK, 2 * NK)}
+VARIANT_TENSORS = {
+    "alibi_slopes": ((HQ,), "float32", B * HQ * 4),  # room for [batch, heads_q]
+    "sinks": ((HQ,), "float32", HQ * 4),
+    "dsinks": ((HQ,), "float32", HQ * 4),
+    "cu_seqlens_q": ((B + 1,), "int32", (B + 1) * 4),
+    "cu_seqlens_k": ((B + 1,), "int32", (B + 1) * 4),
+}
 OUTPUTS = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv"), "supported": (),
-           "workspace_size": ()}
+           "workspace_size": (), "forward_ex": ("out", "lse"),
+           "backward_ex": ("dq", "dk", "dv", "dsinks"), "supported_ex": (),
+           "workspace_size_ex": ()}
+ARGS_FIELDS = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks",
+               "dsinks", "cu_seqlens_q", "cu_seqlens_k")
 POISON = 0xA5
 OPTIONS_BLOCK = 4096
 INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -81,13 +95,17 @@ class Call:
         self.call_ctx = self.ctx
         self.buffers, self.views, self.passed, self.contents = {}, {}, {}, {}
         self.ends = {}
-        for name, shape in SHAPES.items():
-            nbytes = int(np.prod(shape)) * 4
+        # The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
+        variant_names = list(VARIANT_TENSORS) if op.endswith("_ex") else []
+        for name in list(SHAPES) + variant_names:
+            nbytes = VARIANT_TENSORS[name][2] if name in VARIANT_TENSORS else int(np.prod(SHAPES[name])) * 4
             buf = low.flashattn_buffer_create(self.ctx, nbytes)
             self.buffers[name] = buf
             self.ends[name] = low.flashattn_buffer_data(buf) + nbytes
             if name in OUTPUTS[op]:
                 data = np.full(nbytes, POISON, dtype=np.uint8)
+            elif name in OFFSETS:
+                data = np.array(OFFSETS[name], dtype=np.int32).view(np.uint8)
             else:
                 data = np.full(nbytes // 4, 0.5, dtype=np.float32).view(np.uint8)
             low.flashattn_buffer_write(buf, 0, data)
@@ -96,9 +114,20 @@ class Call:
             address = low.flashattn_buffer_data(buf)
             if name == "lse":
                 low.flashattn_tensor_lse(t, address, B, HQ, NQ)
+            elif name in VARIANT_TENSORS:
+                shape, dtype, _ = VARIANT_TENSORS[name]
+                t.data = address
+                t.dtype = low.FLASHATTN_DTYPE_INT32 if dtype == "int32" else low.FLASHATTN_DTYPE_FLOAT32
+                t.rank = 1
+                t.shape = (shape[0], 0, 0, 0)
+                t.strides = (1, 0, 0, 0)
             else:
-                low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *shape)
-            self.views[name] = self.passed[name] = t
+                low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *SHAPES[name])
+            self.views[name] = t
+            self.passed[name] = None if name in VARIANT_TENSORS else t
+        self.args = low.flashattn_args_t()
+        low.flashattn_args_init(self.args)
+        self.pass_args = True
         # The options sit at the start of a zero-filled block, so sizes up to 4096 read zeros.
         self.options_block = np.zeros(OPTIONS_BLOCK, dtype=np.uint8)
         self.options = low.options_at(self.options_block.ctypes.data)
@@ -131,8 +160,20 @@ class Call:
             self.workspace_size = int(value)
         elif key == "backward":
             self.backward_flag = int(value)
+        elif key == "args" and value == "null":
+            self.pass_args = False
+        elif key == "args.size":
+            self.args.size = int(value) & ((1 << 64) - 1)
+        elif key in ("args.max_seqlen_q", "args.max_seqlen_k"):
+            setattr(self.args, key[len("args."):], int(value))
+        elif key == "varlen" and value == "1":
+            self._make_varlen()
+        elif key in VARIANT_TENSORS and key not in self.views:
+            raise ValueError("%s: a variant tensor needs an _ex op" % key)
         elif key in self.views and value == "null":
             self.passed[key] = None
+        elif key in self.views and value == "given":
+            self.passed[key] = self.views[key]
         else:
             self._mutate_view(key, value)
 
@@ -142,8 +183,11 @@ class Call:
             o.size = int(value) & ((1 << 64) - 1)
         elif field == "softmax_scale":
             o.softmax_scale = _float(value)
-        elif field in ("causal", "algorithm", "deterministic"):
+        elif field in ("causal", "algorithm", "deterministic", "window", "window_left",
+                       "window_right"):
             setattr(o, field, _int32(int(value), "options." + field))
+        elif field == "softcap":
+            o.softcap = _float(value)
         elif field == "tail":
             end = min(o.size, OPTIONS_BLOCK)
             self.options_block[self.options_sizeof:end] = int(value)
@@ -162,6 +206,11 @@ class Call:
             values = list(getattr(t, attr))
             values[int(index)] = int(value)
             setattr(t, attr, values)
+        elif field.startswith("values[") and field.endswith("]"):
+            index = int(field[len("values["):-1])
+            element = np.array([_int32(int(value), key)], dtype=np.int32).view(np.uint8)
+            low.flashattn_buffer_write(self.buffers[name], 4 * index, element)
+            self.contents[name][4 * index:4 * index + 4] = element
         elif field == "data":
             if value == "null":
                 t.data = None
@@ -179,10 +228,43 @@ class Call:
         else:
             raise ValueError("unknown mutation %r" % key)
 
+    def _make_varlen(self):
+        """The variable-length form of the baseline (FORMAT.md)."""
+        for name in ("q", "out", "dout", "dq", "k", "v", "dk", "dv"):
+            rows, heads = (B * NK, HKV) if name in ("k", "v", "dk", "dv") else (B * NQ, HQ)
+            t = self.views[name]
+            t.rank = 3
+            t.shape = (rows, heads, D, 0)
+            t.strides = (heads * D, D, 1, 0)
+        lse = self.views["lse"]
+        lse.rank = 2
+        lse.shape = (HQ, B * NQ, 0, 0)
+        lse.strides = (B * NQ, 1, 0, 0)
+        for name in OFFSETS:
+            if name in self.views:
+                self.passed[name] = self.views[name]
+        self.args.max_seqlen_q, self.args.max_seqlen_k = NQ, NK
+
+    def _args(self):
+        if not self.pass_args:
+            return None
+        self.args.options = self.options if self.pass_options else None
+        for name in ARGS_FIELDS:
+            setattr(self.args, name, self.passed.get(name))
+        return self.args
+
     def run(self):
         p = self.passed
         opts = self.options if self.pass_options else None
-        if self.op == "forward":
+        if self.op == "forward_ex":
+            low.flashattn_forward_ex(self.call_ctx, self._args(), self.workspace, self.workspace_size)
+        elif self.op == "backward_ex":
+            low.flashattn_backward_ex(self.call_ctx, self._args(), self.workspace, self.workspace_size)
+        elif self.op == "supported_ex":
+            low.flashattn_supported_ex(self.call_ctx, self._args(), self.backward_flag)
+        elif self.op == "workspace_size_ex":
+            low.flashattn_workspace_size_ex(self.call_ctx, self._args(), self.backward_flag)
+        elif self.op == "forward":
             low.flashattn_forward(self.call_ctx, p["q"], p["k"], p["v"], p["out"], p["lse"], opts,
                                   self.workspace, self.workspace_size)
         elif self.op == "backward":
@@ -208,6 +290,29 @@ class Call:
         for buf in self.buffers.values():
             low.flashattn_buffer_destroy(buf)
         low.flashattn_context_destroy(self.ctx)
+
+
+# The unmutated baselines succeed (else a case could pass for a reason other than its mutation),
+# the _ex ops also with every variant tensor given and in the variable-length form.
+BASELINES = [(op, "-") for op in OUTPUTS] + [
+    (op, m) for op in OUTPUTS if op.endswith("_ex")
+    for m in ("alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
+              "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;"
+              "alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4")]
+
+
+@pytest.mark.parametrize("op,mutations", BASELINES)
+@pytest.mark.parametrize("backward", [0, 1])
+def test_baseline_succeeds(op, mutations, backward):
+    call = Call(op)
+    try:
+        if mutations != "-":
+            for m in mutations.split(";"):
+                call.mutate(m)
+        call.backward_flag = backward
+        call.run()
+    finally:
+        call.close()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -14,3 +14,12 @@ def test_the_documented_lines_run():
     with contextlib.redirect_stdout(printed):
         exec(compile(block, str(DOCS), "exec"), {})
     assert printed.getvalue().startswith("(1, 16, 2, 8) ")
+
+
+def test_the_documented_variants_run():
+    section = DOCS.read_text().split("## Variants", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, str(DOCS), "exec"), {})
+    assert printed.getvalue() == "(10, 2, 4) (2, 10) (2,)\n"

@@ -7,8 +7,10 @@ cupy arrays).
     out = flashattn.attention(q, k, v, causal=True)
 
 Layout: q [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_kv, head_dim]
-(heads_q a multiple of heads_kv), any strides whose last one is 1; the LSE is
-[batch, heads_q, seqlen_q] float32. dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
+(heads_q a multiple of heads_kv; v may have a head_dim of its own), any strides whose last one is
+1; the LSE is [batch, heads_q, seqlen_q] float32. Variants: a sliding window, a softcap, ALiBi
+slopes, attention sinks, and variable-length batches (cu_seqlens_q / cu_seqlens_k, packed
+[total_tokens, heads, head_dim] tensors); see attention(). dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
 ml_dtypes). Inputs are read in place (no copy); outputs are new arrays of the inputs' kind, on
 their device. On the GPU the work is ordered on the inputs' library's current stream. The GIL is
 released while the library computes. A failing call raises flashattn.Error, whose message is the
@@ -42,38 +44,63 @@ def cuda_device_count():
     return low.flashattn_cuda_device_count()
 
 
-def _needs_autograd(q, k, v):
+def _needs_autograd(q, k, v, sinks):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor) or not torch.is_grad_enabled():
         return False
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, sinks))
 
 
-def attention(q, k, v, *, causal=False, scale=None, return_lse=False, algorithm="flash",
-              deterministic=False, context=None):
+def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
+              sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+              max_seqlen_k=None, return_lse=False, algorithm="flash", deterministic=False,
+              context=None):
     """Attention of q over k and v; returns out, or (out, lse) with return_lse=True.
 
+    q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim], v
+    [batch, seqlen_k, heads_kv, head_dim_v] (head_dim_v may differ from head_dim); out
+    [batch, seqlen_q, heads_q, head_dim_v], lse [batch, heads_q, seqlen_q] float32.
     causal: mask key j for query i when j > i + seqlen_k - seqlen_q (bottom-right aligned).
     scale: the softmax scale; None selects 1/sqrt(head_dim) (0 does too, as in the C API).
+    window: None, or (left, right): query i sees the keys j with
+        i + diag - left <= j <= i + diag + right (diag = seqlen_k - seqlen_q); -1 leaves a side
+        unbounded. With causal, right is at most 0.
+    softcap: None, or c > 0: each score s becomes c * tanh(s / c) before the masks.
+    alibi_slopes: float32 [heads_q] or [batch, heads_q]: slope_h * |i + diag - j| is subtracted
+        from each score (not differentiable).
+    sinks: float32 [heads_q]: one logit per head added to every row's softmax denominator (a key
+        with value 0); a torch tensor that requires grad gets its gradient.
+    cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] offsets of a variable-length batch: q, k, v are
+        then [total_tokens, heads, head_dim], sequence b owning the rows
+        cu_seqlens[b]:cu_seqlens[b + 1], and lse is [heads_q, total_q].
+    max_seqlen_q, max_seqlen_k: the longest sequence (an upper bound); by default read from
+        offsets in host memory, required for offsets on a GPU.
     algorithm: "flash" (default) or "standard" (the materialized baseline).
     deterministic: bit-identical backward results run after run.
     context: a flashattn.Context to compute with; by default one per thread and device is kept.
     Torch tensors that require grad go through a torch.autograd.Function: loss.backward() runs
     flashattn's backward (the LSE is not differentiable).
     """
-    if _needs_autograd(q, k, v):
+    variants = _core.Variants(alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k)
+    opts = (causal, scale, algorithm, deterministic, window, softcap)
+    if _needs_autograd(q, k, v, sinks):
         from . import _autograd
-        out, lse = _autograd.attention(q, k, v, causal, scale, algorithm, deterministic, context)
+        out, lse = _autograd.attention(q, k, v, variants, opts, context)
     else:
-        out, lse = _core.forward(q, k, v, causal, scale, algorithm, deterministic, return_lse,
-                                 context)
+        out, lse = _core.forward(q, k, v, *opts, want_lse=return_lse, context=context,
+                                 variants=variants)
     return (out, lse) if return_lse else out
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, algorithm="flash",
-                       deterministic=False, context=None):
-    """Gradients (dq, dk, dv) of attention given dout, the gradient of the loss with respect to
-    out; out and lse are the forward's (attention(..., return_lse=True)). The options must be
-    the forward's."""
-    return _core.backward(dout, q, k, v, out, lse, causal, scale, algorithm, deterministic,
-                          context)
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window=None,
+                       softcap=None, alibi_slopes=None, sinks=None, cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                       algorithm="flash", deterministic=False, context=None):
+    """Gradients (dq, dk, dv) given dout, the gradient of the loss with respect to out; out and
+    lse are the forward's (attention(..., return_lse=True)), and every other argument must be
+    the forward's too. With sinks, returns (dq, dk, dv, dsinks), dsinks float32 [heads_q]."""
+    variants = _core.Variants(alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k)
+    return _core.backward(dout, q, k, v, out, lse, causal, scale, algorithm, deterministic, window,
+                          softcap, context=context, variants=variants)

@@ -11,6 +11,7 @@ from ._lib import Error, low
 FLOAT32 = low.FLASHATTN_DTYPE_FLOAT32
 FLOAT16 = low.FLASHATTN_DTYPE_FLOAT16
 BFLOAT16 = low.FLASHATTN_DTYPE_BFLOAT16
+INT32 = low.FLASHATTN_DTYPE_INT32  # the offsets of a variable-length batch
 
 # cudaStreamLegacy: what a stream handle of 0 (the default stream) means to torch and cupy. A NULL
 # stream would mean "the context's own stream" to flashattn_context_set_stream.
@@ -53,8 +54,11 @@ def _dtype_code(name, dtype):
         return FLOAT16
     if dtype.name == "bfloat16" and dtype.itemsize == 2:
         return BFLOAT16
+    if dtype == np.int32:
+        return INT32
     raise Error(low.FLASHATTN_ERROR_INVALID_DTYPE,
-                "%s: dtype %s is not supported (float32, float16 or bfloat16)" % (name, dtype))
+                "%s: dtype %s is not supported (float32, float16 or bfloat16; int32 for offsets)"
+                % (name, dtype))
 
 
 def _element_strides(name, byte_strides, itemsize):
@@ -75,12 +79,14 @@ def _from_numpy(name, x):
 
 
 def _from_torch(name, x, torch):
-    codes = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}
+    codes = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16,
+             torch.int32: INT32}
     if x.layout != torch.strided:
         raise TypeError("%s: a strided tensor is expected, not %s" % (name, x.layout))
     if x.dtype not in codes:
         raise Error(low.FLASHATTN_ERROR_INVALID_DTYPE,
-                    "%s: dtype %s is not supported (float32, float16 or bfloat16)" % (name, x.dtype))
+                    "%s: dtype %s is not supported (float32, float16 or bfloat16; int32 for "
+                    "offsets)" % (name, x.dtype))
     if x.device.type == "cuda":
         device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     elif x.device.type == "cpu":
@@ -147,17 +153,21 @@ def describe_all(names, arrays):
     return out
 
 
-def empty(like, shape, float32=False):
-    """A new C-contiguous array of `like`'s kind and device, of its dtype (or float32)."""
+def empty(like, shape, float32=False, zero=False):
+    """A new C-contiguous array of `like`'s kind and device, of its dtype (or float32); zero-filled
+    with zero=True."""
     if like.kind == "numpy":
-        return np.empty(shape, dtype=np.float32 if float32 else like.obj.dtype)
+        make = np.zeros if zero else np.empty
+        return make(shape, dtype=np.float32 if float32 else like.obj.dtype)
     if like.kind == "torch":
         torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=torch.float32 if float32 else like.obj.dtype,
-                           device=like.obj.device)
+        make = torch.zeros if zero else torch.empty
+        return make(shape, dtype=torch.float32 if float32 else like.obj.dtype,
+                    device=like.obj.device)
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(like.device):
-        return cupy.empty(shape, dtype=np.float32 if float32 else like.obj.dtype)
+        make = cupy.zeros if zero else cupy.empty
+        return make(shape, dtype=np.float32 if float32 else like.obj.dtype)
 
 
 def current_stream(like):

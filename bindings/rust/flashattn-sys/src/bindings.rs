@@ -28,6 +28,7 @@ pub use self::flashattn_status as flashattn_status_t;
 pub const flashattn_dtype_FLASHATTN_DTYPE_FLOAT32: flashattn_dtype = 1;
 pub const flashattn_dtype_FLASHATTN_DTYPE_FLOAT16: flashattn_dtype = 2;
 pub const flashattn_dtype_FLASHATTN_DTYPE_BFLOAT16: flashattn_dtype = 3;
+pub const flashattn_dtype_FLASHATTN_DTYPE_INT32: flashattn_dtype = 16;
 pub type flashattn_dtype = ::std::os::raw::c_uint;
 pub use self::flashattn_dtype as flashattn_dtype_t;
 pub const flashattn_backend_FLASHATTN_BACKEND_AUTO: flashattn_backend = 0;
@@ -286,12 +287,16 @@ pub struct flashattn_options {
     pub causal: i32,
     pub algorithm: flashattn_algorithm_t,
     pub deterministic: i32,
+    pub window: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
 }
 #[test]
 fn bindgen_test_layout_flashattn_options() {
     assert_eq!(
         ::std::mem::size_of::<flashattn_options>(),
-        24usize,
+        40usize,
         concat!("Size of: ", stringify!(flashattn_options))
     );
     assert_eq!(
@@ -384,6 +389,74 @@ fn bindgen_test_layout_flashattn_options() {
         );
     }
     test_field_deterministic();
+    fn test_field_window() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).window) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_options),
+                "::",
+                stringify!(window)
+            )
+        );
+    }
+    test_field_window();
+    fn test_field_window_left() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).window_left) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_options),
+                "::",
+                stringify!(window_left)
+            )
+        );
+    }
+    test_field_window_left();
+    fn test_field_window_right() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).window_right) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_options),
+                "::",
+                stringify!(window_right)
+            )
+        );
+    }
+    test_field_window_right();
+    fn test_field_softcap() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).softcap) as usize - ptr as usize
+            },
+            36usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_options),
+                "::",
+                stringify!(softcap)
+            )
+        );
+    }
+    test_field_softcap();
 }
 pub type flashattn_options_t = flashattn_options;
 extern "C" {
@@ -436,6 +509,382 @@ extern "C" {
         dk: *const flashattn_tensor_t,
         dv: *const flashattn_tensor_t,
         options: *const flashattn_options_t,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_size: usize,
+    ) -> flashattn_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flashattn_args {
+    pub size: usize,
+    pub options: *const flashattn_options_t,
+    pub q: *const flashattn_tensor_t,
+    pub k: *const flashattn_tensor_t,
+    pub v: *const flashattn_tensor_t,
+    pub out: *const flashattn_tensor_t,
+    pub lse: *const flashattn_tensor_t,
+    pub dout: *const flashattn_tensor_t,
+    pub dq: *const flashattn_tensor_t,
+    pub dk: *const flashattn_tensor_t,
+    pub dv: *const flashattn_tensor_t,
+    pub alibi_slopes: *const flashattn_tensor_t,
+    pub sinks: *const flashattn_tensor_t,
+    pub dsinks: *const flashattn_tensor_t,
+    pub cu_seqlens_q: *const flashattn_tensor_t,
+    pub cu_seqlens_k: *const flashattn_tensor_t,
+    pub max_seqlen_q: i64,
+    pub max_seqlen_k: i64,
+}
+#[test]
+fn bindgen_test_layout_flashattn_args() {
+    assert_eq!(
+        ::std::mem::size_of::<flashattn_args>(),
+        144usize,
+        concat!("Size of: ", stringify!(flashattn_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flashattn_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flashattn_args))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_options() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).options) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(options)
+            )
+        );
+    }
+    test_field_options();
+    fn test_field_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(q)
+            )
+        );
+    }
+    test_field_q();
+    fn test_field_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(k)
+            )
+        );
+    }
+    test_field_k();
+    fn test_field_v() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(v)
+            )
+        );
+    }
+    test_field_v();
+    fn test_field_out() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(out)
+            )
+        );
+    }
+    test_field_out();
+    fn test_field_lse() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lse) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(lse)
+            )
+        );
+    }
+    test_field_lse();
+    fn test_field_dout() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dout) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(dout)
+            )
+        );
+    }
+    test_field_dout();
+    fn test_field_dq() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dq) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(dq)
+            )
+        );
+    }
+    test_field_dq();
+    fn test_field_dk() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dk) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(dk)
+            )
+        );
+    }
+    test_field_dk();
+    fn test_field_dv() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dv) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(dv)
+            )
+        );
+    }
+    test_field_dv();
+    fn test_field_alibi_slopes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).alibi_slopes) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(alibi_slopes)
+            )
+        );
+    }
+    test_field_alibi_slopes();
+    fn test_field_sinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sinks) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(sinks)
+            )
+        );
+    }
+    test_field_sinks();
+    fn test_field_dsinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dsinks) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(dsinks)
+            )
+        );
+    }
+    test_field_dsinks();
+    fn test_field_cu_seqlens_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).cu_seqlens_q) as usize - ptr as usize
+            },
+            112usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(cu_seqlens_q)
+            )
+        );
+    }
+    test_field_cu_seqlens_q();
+    fn test_field_cu_seqlens_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).cu_seqlens_k) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(cu_seqlens_k)
+            )
+        );
+    }
+    test_field_cu_seqlens_k();
+    fn test_field_max_seqlen_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_seqlen_q) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(max_seqlen_q)
+            )
+        );
+    }
+    test_field_max_seqlen_q();
+    fn test_field_max_seqlen_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_seqlen_k) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(max_seqlen_k)
+            )
+        );
+    }
+    test_field_max_seqlen_k();
+}
+pub type flashattn_args_t = flashattn_args;
+extern "C" {
+    pub fn flashattn_args_init(out: *mut flashattn_args_t) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_supported_ex(
+        ctx: flashattn_context_t,
+        args: *const flashattn_args_t,
+        backward: ::std::os::raw::c_int,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_workspace_size_ex(
+        out: *mut usize,
+        ctx: flashattn_context_t,
+        args: *const flashattn_args_t,
+        backward: ::std::os::raw::c_int,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_forward_ex(
+        ctx: flashattn_context_t,
+        args: *const flashattn_args_t,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_size: usize,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_backward_ex(
+        ctx: flashattn_context_t,
+        args: *const flashattn_args_t,
         workspace: *mut ::std::os::raw::c_void,
         workspace_size: usize,
     ) -> flashattn_status_t;

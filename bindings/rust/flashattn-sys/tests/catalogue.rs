@@ -18,7 +18,30 @@ const D: usize = 32;
 const POISON: u8 = 0xA5;
 const OPTIONS_BLOCK: usize = 4096;
 const SIZE_SENTINEL: usize = 0xDEAD_BEEF_CAFE_F00D;
-const NAMES: [&str; 9] = ["q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"];
+const NAMES: [&str; 14] = [
+    "q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k",
+];
+/// The variant tensors (the last five names) exist for the _ex ops only (FORMAT.md).
+const PLAIN_TENSORS: usize = 9;
+const OPS: [&str; 8] = ["forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex"];
+
+fn offsets(name: &str) -> Option<[i32; 3]> {
+    match name {
+        "cu_seqlens_q" => Some([0, NQ as i32, 2 * NQ as i32]),
+        "cu_seqlens_k" => Some([0, NK as i32, 2 * NK as i32]),
+        _ => None,
+    }
+}
+
+/// The buffer size of a variant tensor (alibi_slopes: room for [batch, heads_q]).
+fn variant_bytes(name: &str) -> Option<usize> {
+    match name {
+        "alibi_slopes" => Some(B * HQ * 4),
+        "sinks" | "dsinks" => Some(HQ * 4),
+        "cu_seqlens_q" | "cu_seqlens_k" => Some((B + 1) * 4),
+        _ => None,
+    }
+}
 
 fn shape(name: &str) -> Vec<usize> {
     match name {
@@ -30,8 +53,9 @@ fn shape(name: &str) -> Vec<usize> {
 
 fn outputs(op: &str) -> &'static [&'static str] {
     match op {
-        "forward" => &["out", "lse"],
+        "forward" | "forward_ex" => &["out", "lse"],
         "backward" => &["dq", "dk", "dv"],
+        "backward_ex" => &["dq", "dk", "dv", "dsinks"],
         _ => &[],
     }
 }
@@ -59,7 +83,7 @@ fn load() -> Vec<Case> {
         }
         let f: Vec<&str> = line.split('\t').collect();
         assert_eq!(f.len(), 5, "{}:{}: 5 tab-separated fields expected", path.display(), n + 1);
-        assert!(["forward", "backward", "supported", "workspace_size"].contains(&f[1]), "{}:{}: unknown op {}", path.display(), n + 1, f[1]);
+        assert!(OPS.contains(&f[1]), "{}:{}: unknown op {}", path.display(), n + 1, f[1]);
         cases.push(Case { line: n + 1, id: f[0].into(), op: f[1].into(), mutations: f[2].into(), status: f[3].into(), fragment: f[4].into() });
     }
     assert!(!cases.is_empty(), "{}: no cases", path.display());
@@ -90,6 +114,9 @@ struct Call {
     workspace_ptr: *mut std::os::raw::c_void,
     workspace_size: usize,
     backward: i32,
+    names: &'static [&'static str],
+    args: flashattn_args_t,
+    pass_args: bool,
 }
 
 impl Call {
@@ -101,15 +128,21 @@ impl Call {
             op: op.into(), ctx, call_ctx: ctx, buffers: HashMap::new(), contents: HashMap::new(), views: HashMap::new(),
             passed: HashMap::new(), ends: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
             workspace: Vec::new(), workspace_ptr: ptr::null_mut(), workspace_size: 0, backward: 0,
+            names: if op.ends_with("_ex") { &NAMES } else { &NAMES[..PLAIN_TENSORS] },
+            // SAFETY: a plain C struct; flashattn_args_init fills it below.
+            args: unsafe { std::mem::zeroed() }, pass_args: true,
         };
-        for name in NAMES {
+        check(unsafe { flashattn_args_init(&mut c.args) }, "args_init");
+        for &name in c.names {
             let s = shape(name);
-            let bytes = 4 * s.iter().product::<usize>();
+            let bytes = variant_bytes(name).unwrap_or_else(|| 4 * s.iter().product::<usize>());
             let mut buf = ptr::null_mut();
             check(unsafe { flashattn_buffer_create(&mut buf, ctx, bytes) }, "buffer");
             c.buffers.insert(name, buf);
             let data: Vec<u8> = if outputs(op).contains(&name) {
                 vec![POISON; bytes]
+            } else if let Some(o) = offsets(name) {
+                o.iter().flat_map(|x| x.to_ne_bytes()).collect()
             } else {
                 std::iter::repeat(0.5f32.to_ne_bytes()).take(bytes / 4).flatten().collect()
             };
@@ -120,13 +153,21 @@ impl Call {
             c.ends.insert(name, address as usize + bytes);
             let mut view = Box::new(unsafe { std::mem::zeroed::<flashattn_tensor_t>() });
             let (a, b2, c2) = (s[0] as i64, s[1] as i64, s[2] as i64);
-            if name == "lse" {
+            if variant_bytes(name).is_some() {
+                view.data = address;
+                view.rank = 1;
+                view.strides[0] = 1;
+                (view.dtype, view.shape[0]) = match offsets(name) {
+                    Some(_) => (flashattn_dtype_FLASHATTN_DTYPE_INT32, B as i64 + 1),
+                    None => (flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, HQ as i64),
+                };
+            } else if name == "lse" {
                 check(unsafe { flashattn_tensor_lse(&mut *view, address, a, b2, c2) }, "tensor_lse");
             } else {
                 check(unsafe { flashattn_tensor_4d(&mut *view, address, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, a, b2, c2, s[3] as i64) }, "tensor_4d");
             }
             c.views.insert(name, view);
-            c.passed.insert(name, true);
+            c.passed.insert(name, variant_bytes(name).is_none()); // variant tensors: given by a mutation
         }
         check(unsafe { flashattn_options_init(c.options()) }, "options_init");
         c.options_sizeof = unsafe { (*c.options()).size };
@@ -135,6 +176,29 @@ impl Call {
 
     fn options(&mut self) -> *mut flashattn_options_t {
         self.block.as_mut_ptr().cast()
+    }
+
+    /// The variable-length form of the baseline (FORMAT.md).
+    fn make_varlen(&mut self) -> Result<(), String> {
+        for name in ["q", "out", "dout", "dq", "k", "v", "dk", "dv"] {
+            let (rows, heads) = if ["k", "v", "dk", "dv"].contains(&name) { (B * NK, HKV) } else { (B * NQ, HQ) };
+            let t = self.view(name)?;
+            t.rank = 3;
+            t.shape = [rows as i64, heads as i64, D as i64, 0];
+            t.strides = [(heads * D) as i64, D as i64, 1, 0];
+        }
+        let lse = self.view("lse")?;
+        lse.rank = 2;
+        lse.shape = [HQ as i64, (B * NQ) as i64, 0, 0];
+        lse.strides = [(B * NQ) as i64, 1, 0, 0];
+        for name in ["cu_seqlens_q", "cu_seqlens_k"] {
+            if self.views.contains_key(name) {
+                self.passed.insert(name, true);
+            }
+        }
+        self.args.max_seqlen_q = NQ as i64;
+        self.args.max_seqlen_k = NK as i64;
+        Ok(())
     }
 
     fn view(&mut self, name: &str) -> Result<&mut flashattn_tensor_t, String> {
@@ -163,9 +227,14 @@ impl Call {
             }
             ("workspace_size", n) => self.workspace_size = int(n)? as usize,
             ("backward", n) => self.backward = int32(n)?,
-            (name, "null") if self.views.contains_key(name) => {
-                self.passed.insert(NAMES.iter().find(|&&n| n == name).unwrap(), false);
+            (name, "null" | "given") if self.views.contains_key(name) => {
+                self.passed.insert(NAMES.iter().find(|&&n| n == name).unwrap(), value == "given");
             }
+            ("args", "null") => self.pass_args = false,
+            ("args.size", n) => self.args.size = int(n)? as usize,
+            ("args.max_seqlen_q", n) => self.args.max_seqlen_q = int(n)?,
+            ("args.max_seqlen_k", n) => self.args.max_seqlen_k = int(n)?,
+            ("varlen", "1") => self.make_varlen()?,
             _ if key.starts_with("options.") => {
                 let o = self.options();
                 // SAFETY: o points at the start of the block, which holds a whole options struct.
@@ -183,6 +252,17 @@ impl Call {
                     "causal" => o.causal = int32(value)?,
                     "algorithm" => o.algorithm = int32(value)? as u32,
                     "deterministic" => o.deterministic = int32(value)?,
+                    "window" => o.window = int32(value)?,
+                    "window_left" => o.window_left = int32(value)?,
+                    "window_right" => o.window_right = int32(value)?,
+                    "softcap" => {
+                        o.softcap = match value {
+                            "nan" => f32::NAN,
+                            "inf" => f32::INFINITY,
+                            "-inf" => f32::NEG_INFINITY,
+                            v => v.parse().map_err(|e| format!("{m}: {e}"))?,
+                        }
+                    }
                     "tail" => {
                         let byte: u8 = value.parse().map_err(|e| format!("{m}: {e}"))?;
                         let end = o.size.min(OPTIONS_BLOCK);
@@ -223,6 +303,15 @@ impl Call {
                     };
                     return Ok(());
                 }
+                if let Some(index) = field.strip_prefix("values[").and_then(|f| f.strip_suffix(']')) {
+                    let i: usize = index.parse().map_err(|e| format!("{m}: {e}"))?;
+                    let bytes = int32(value)?.to_ne_bytes();
+                    let contents = self.contents.get_mut(name).ok_or_else(|| format!("unknown tensor {name:?}"))?;
+                    contents.get_mut(4 * i..4 * i + 4).ok_or_else(|| format!("{m}: index out of range"))?.copy_from_slice(&bytes);
+                    // SAFETY: the range lies inside the buffer (checked against its contents above).
+                    check(unsafe { flashattn_buffer_write(self.buffers[name], 4 * i, bytes.as_ptr().cast(), 4) }, "write");
+                    return Ok(());
+                }
                 let t = self.view(name)?;
                 match field {
                     "dtype" => t.dtype = int32(value)? as u32,
@@ -244,7 +333,7 @@ impl Call {
     }
 
     fn arg(&self, name: &str) -> *const flashattn_tensor_t {
-        if self.passed[name] {
+        if self.passed.get(name).copied().unwrap_or(false) {
             &*self.views[name]
         } else {
             ptr::null()
@@ -255,10 +344,24 @@ impl Call {
     fn run(&mut self) -> (flashattn_status_t, bool) {
         let opts: *const flashattn_options_t = if self.pass_options { self.options() } else { ptr::null() };
         let (q, k, v) = (self.arg("q"), self.arg("k"), self.arg("v"));
+        let fields = [q, k, v, self.arg("out"), self.arg("lse"), self.arg("dout"), self.arg("dq"), self.arg("dk"), self.arg("dv"),
+            self.arg("alibi_slopes"), self.arg("sinks"), self.arg("dsinks"), self.arg("cu_seqlens_q"), self.arg("cu_seqlens_k")];
+        let a = &mut self.args;
+        a.options = opts;
+        [a.q, a.k, a.v, a.out, a.lse, a.dout, a.dq, a.dk, a.dv, a.alibi_slopes, a.sinks, a.dsinks, a.cu_seqlens_q, a.cu_seqlens_k] = fields;
+        let args: *const flashattn_args_t = if self.pass_args { &self.args } else { ptr::null() };
         // SAFETY: every pointer is NULL or points at a live view, options block or buffer; the
         // catalogue's cases are exactly what the library must reject without touching memory.
         unsafe {
             match self.op.as_str() {
+                "forward_ex" => (flashattn_forward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
+                "backward_ex" => (flashattn_backward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
+                "supported_ex" => (flashattn_supported_ex(self.call_ctx, args, self.backward), true),
+                "workspace_size_ex" => {
+                    let mut size = SIZE_SENTINEL;
+                    let status = flashattn_workspace_size_ex(&mut size, self.call_ctx, args, self.backward);
+                    (status, size == SIZE_SENTINEL)
+                }
                 "forward" => (flashattn_forward(self.call_ctx, q, k, v, self.arg("out"), self.arg("lse"), opts, self.workspace_ptr, self.workspace_size), true),
                 "backward" => (
                     flashattn_backward(
@@ -278,7 +381,7 @@ impl Call {
     }
 
     fn changed_buffers(&self) -> Vec<&'static str> {
-        NAMES
+        self.names
             .iter()
             .filter(|&&name| {
                 let mut now = vec![0u8; self.contents[name].len()];
@@ -296,6 +399,30 @@ impl Drop for Call {
             unsafe { flashattn_buffer_destroy(buf) };
         }
         unsafe { flashattn_context_destroy(self.ctx) };
+    }
+}
+
+/// The unmutated baselines succeed (else a case could pass for a reason other than its
+/// mutation), the _ex ops also with every variant tensor given and in the variable-length form.
+#[test]
+fn baselines_succeed() {
+    let variants = ["-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
+        "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"];
+    for op in OPS {
+        for mutations in variants.iter().filter(|m| **m == "-" || op.ends_with("_ex")) {
+            for backward in [0, 1] {
+                let mut call = Call::new(op);
+                if *mutations != "-" {
+                    for m in mutations.split(';') {
+                        call.mutate(m).unwrap();
+                    }
+                }
+                call.backward = backward;
+                let (status, _) = call.run();
+                let message = unsafe { CStr::from_ptr(flashattn_last_error()) }.to_string_lossy().into_owned();
+                assert_eq!(status, flashattn_status_FLASHATTN_SUCCESS, "{op} {mutations} backward={backward}: {message}");
+            }
+        }
     }
 }
 

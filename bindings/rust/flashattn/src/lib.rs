@@ -30,9 +30,11 @@ use std::ptr::{self, NonNull};
 use flashattn_sys as sys;
 
 mod host;
+mod variants;
 mod view;
 
 pub use host::Dims;
+pub use variants::{Gradients, Variants};
 pub use view::{Element, View, ViewMut, BF16, F16};
 
 /// A status of the C API (`flashattn_status_t`).
@@ -163,6 +165,8 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// i32: the offsets of a variable-length batch only
+    I32,
 }
 
 impl DType {
@@ -171,13 +175,14 @@ impl DType {
             DType::F32 => sys::flashattn_dtype_FLASHATTN_DTYPE_FLOAT32,
             DType::F16 => sys::flashattn_dtype_FLASHATTN_DTYPE_FLOAT16,
             DType::BF16 => sys::flashattn_dtype_FLASHATTN_DTYPE_BFLOAT16,
+            DType::I32 => sys::flashattn_dtype_FLASHATTN_DTYPE_INT32,
         }
     }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
         }
     }
@@ -201,6 +206,12 @@ pub struct Options {
     pub algorithm: Algorithm,
     /// Bit-identical backward results run after run.
     pub deterministic: bool,
+    /// A sliding window `(left, right)`: query i sees the keys j with
+    /// `i + diag - left <= j <= i + diag + right`, diag = seqlen_k - seqlen_q; -1 leaves a side
+    /// unbounded. With `causal` the right bound is at most 0.
+    pub window: Option<(i32, i32)>,
+    /// A softcap c > 0: each score s becomes `c * tanh(s / c)` before the masks and the softmax.
+    pub softcap: Option<f32>,
 }
 
 impl Options {
@@ -224,6 +235,16 @@ impl Options {
         self
     }
 
+    pub fn window(mut self, left: i32, right: i32) -> Self {
+        self.window = Some((left, right));
+        self
+    }
+
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = Some(softcap);
+        self
+    }
+
     fn raw(&self) -> Result<sys::flashattn_options_t> {
         let mut o = std::mem::MaybeUninit::<sys::flashattn_options_t>::uninit();
         // SAFETY: options_init fills the whole struct on success.
@@ -236,6 +257,10 @@ impl Options {
             Algorithm::Standard => sys::flashattn_algorithm_FLASHATTN_ALGORITHM_STANDARD,
         };
         o.deterministic = self.deterministic as i32;
+        if let Some((left, right)) = self.window {
+            (o.window, o.window_left, o.window_right) = (1, left, right);
+        }
+        o.softcap = self.softcap.unwrap_or(0.0);
         Ok(o)
     }
 }

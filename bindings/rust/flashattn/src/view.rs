@@ -32,6 +32,11 @@ pub struct F16(pub u16);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BF16(pub u16);
 
+// SAFETY: a 32-bit two's complement integer (the offsets of a variable-length batch).
+unsafe impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+
 // SAFETY: 16 bits, any pattern valid.
 unsafe impl Element for F16 {
     const DTYPE: DType = DType::F16;

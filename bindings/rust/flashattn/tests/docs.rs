@@ -13,3 +13,16 @@ fn docs_show_the_crate_example() {
         assert!(lib.contains(&format!("//! {line}\n")), "the documented line {line:?} is not the crate example's");
     }
 }
+
+#[test]
+fn docs_show_the_variants_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../..");
+    let docs = std::fs::read_to_string(format!("{root}/docs/bindings.md")).expect("docs/bindings.md");
+    let section = &docs[docs.find("## Variants").expect("a Variants section")..];
+    let source = include_str!("../src/variants.rs");
+    let start = section.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    for line in block.trim().lines() {
+        assert!(source.contains(&format!("//! {line}\n")), "the documented line {line:?} is not variants.rs's example");
+    }
+}

@@ -17,6 +17,7 @@ pub fn rounding(dtype: DType) -> Rounding {
         DType::F32 => |x| x as f32 as f64,
         DType::F16 => |x| F16::from_f32(x as f32).to_f32() as f64,
         DType::BF16 => |x| BF16::from_f32(x as f32).to_f32() as f64,
+        DType::I32 => |x| x.round(),
     }
 }
 
@@ -25,6 +26,7 @@ pub fn atol(dtype: DType) -> f64 {
         DType::F32 => 2e-5,
         DType::F16 => 2e-3,
         DType::BF16 => 2e-2,
+        DType::I32 => 0.0,
     }
 }
 

@@ -1,0 +1,113 @@
+package capi
+
+// #include <stdlib.h>
+import "C"
+
+import "unsafe"
+
+// Args is flashattn_args_t; fill it with Flashattn_args_init. Its pointer fields are C
+// addresses (0 is NULL): memory handed to C may hold no Go pointer, so an Args passed to the
+// _ex functions, and the Options and Tensors it points to, live in C memory (ArgsBlock).
+type Args struct {
+	Size                   uint64
+	Options                uintptr
+	Q, K, V, Out, Lse      uintptr
+	Dout, Dq, Dk, Dv       uintptr
+	AlibiSlopes, Sinks     uintptr
+	Dsinks                 uintptr
+	CuSeqlensQ, CuSeqlensK uintptr
+	MaxSeqlenQ, MaxSeqlenK int64
+}
+
+// ArgTensor names a tensor field of Args.
+type ArgTensor int
+
+const (
+	ArgQ ArgTensor = iota
+	ArgK
+	ArgV
+	ArgOut
+	ArgLse
+	ArgDout
+	ArgDq
+	ArgDk
+	ArgDv
+	ArgAlibiSlopes
+	ArgSinks
+	ArgDsinks
+	ArgCuSeqlensQ
+	ArgCuSeqlensK
+	NumArgTensors
+)
+
+func (a *Args) field(f ArgTensor) *uintptr {
+	return [...]*uintptr{&a.Q, &a.K, &a.V, &a.Out, &a.Lse, &a.Dout, &a.Dq, &a.Dk, &a.Dv,
+		&a.AlibiSlopes, &a.Sinks, &a.Dsinks, &a.CuSeqlensQ, &a.CuSeqlensK}[f]
+}
+
+// OptionsStorage is the number of zero-filled bytes an ArgsBlock's options start: the largest
+// size a caller's struct may claim, so that an Options whose Size claims more than this
+// library's struct reads defined memory.
+const OptionsStorage = 4096
+
+type argsBlockLayout struct {
+	args    Args
+	tensors [NumArgTensors]Tensor
+	options [OptionsStorage / 8]uint64
+}
+
+// ArgsBlock is one allocation of C memory holding an Args, a Tensor for each of its tensor
+// fields and the Options it points to. Free releases it.
+type ArgsBlock struct {
+	mem *argsBlockLayout
+}
+
+// NewArgsBlock allocates a block: its Args from Flashattn_args_init, pointing at its Options
+// from Flashattn_options_init, every tensor field NULL.
+func NewArgsBlock() (*ArgsBlock, error) {
+	mem := C.calloc(1, C.size_t(unsafe.Sizeof(argsBlockLayout{})))
+	if mem == nil {
+		return nil, &Error{Status: Status(FLASHATTN_ERROR_OUT_OF_MEMORY), Message: "cannot allocate an ArgsBlock"}
+	}
+	b := &ArgsBlock{mem: (*argsBlockLayout)(mem)}
+	if err := Flashattn_args_init(&b.mem.args); err != nil {
+		b.Free()
+		return nil, err
+	}
+	if err := Flashattn_options_init(b.Options()); err != nil {
+		b.Free()
+		return nil, err
+	}
+	b.mem.args.Options = uintptr(unsafe.Pointer(b.Options()))
+	return b, nil
+}
+
+// Args is the block's flashattn_args_t, to pass to the _ex functions.
+func (b *ArgsBlock) Args() *Args { return &b.mem.args }
+
+// Options is the block's options struct, the one Args points to (unless Args().Options is
+// changed).
+func (b *ArgsBlock) Options() *Options { return (*Options)(unsafe.Pointer(&b.mem.options[0])) }
+
+// OptionsBytes are the OptionsStorage bytes the options start.
+func (b *ArgsBlock) OptionsBytes() []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&b.mem.options[0])), OptionsStorage)
+}
+
+// SetTensor copies *t into the block and points field f at the copy; nil makes the field NULL.
+func (b *ArgsBlock) SetTensor(f ArgTensor, t *Tensor) {
+	if t == nil {
+		*b.mem.args.field(f) = 0
+		return
+	}
+	b.mem.tensors[f] = *t
+	*b.mem.args.field(f) = uintptr(unsafe.Pointer(&b.mem.tensors[f]))
+}
+
+// Free releases the block; freeing twice is a no-op.
+func (b *ArgsBlock) Free() {
+	if b.mem != nil {
+		C.free(unsafe.Pointer(b.mem))
+		b.mem = nil
+	}
+}
