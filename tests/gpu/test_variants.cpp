@@ -51,7 +51,7 @@ const Expectation kExpectations[] = {
   {kSinks,            N,   N,       Y,   Y,       Y,   Y},
   {kHeadDimV,         N,   N,       N,   N,       N,   N},
   {kOddHeadDim,       Y,   Y,       Y,   Y,       Y,   Y},
-  {kVarlen,           N,   N,       N,   N,       N,   N},
+  {kVarlen,           N,   N,       Y,   Y,       Y,   Y},
 };
 // clang-format on
 

@@ -12,6 +12,7 @@
 #include "cuda/common/arch.cuh"
 #include "cuda/common/dq_layout.cuh"
 #include "cuda/common/scheduler.cuh"
+#include "cuda/common/seqlen.cuh"
 #include "cuda/common/score_mod.cuh"
 
 namespace flashattn {
@@ -35,6 +36,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
   const int batch = blk.batch;
   const int tid = threadIdx.x;
   const int64_t row_base = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+  const SeqlenInfo seq(p, batch);
 
   // D and LSE * log2(e): four threads per row. Rows past the end and rows no key may attend
   // to get LSE +inf, which makes their P exactly 0 in the main kernel.
@@ -43,11 +45,12 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
     const int part = tid % 4;
     const int row = m0 + r;
     float acc = 0.0f;
-    if (row < p.seqlen_q) {
+    if (row < seq.seqlen_q) {
+      const int64_t packed_row = seq.offset_q + row;
       const T* o = static_cast<const T*>(p.o) + batch * p.o_batch_stride +
-                   head * p.o_head_stride + int64_t(row) * p.o_row_stride;
+                   head * p.o_head_stride + packed_row * p.o_row_stride;
       const T* d_o = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                     head * p.do_head_stride + int64_t(row) * p.do_row_stride;
+                     head * p.do_head_stride + packed_row * p.do_row_stride;
       for (int c = part * 8; c < p.head_dim; c += 32) {
         if (c + 8 <= p.head_dim) {
           const uint4 a = *reinterpret_cast<const uint4*>(o + c);
@@ -70,9 +73,9 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
     float l2 = INFINITY;
     if (part == 0) {
       p.dsum[row_base + r] = acc;
-      if (row < p.seqlen_q) {
+      if (row < seq.seqlen_q) {
         const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride +
-                                int64_t(row) * p.lse_row_stride];
+                                int64_t(seq.offset_q + row) * p.lse_row_stride];
         if (lse != -INFINITY) l2 = lse * 1.4426950408889634f;
       }
       p.lse_log2[row_base + r] = l2;
@@ -116,9 +119,10 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
   const float* head_acc =
       p.dq_accum + (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded * p.head_dim_padded;
   const float* acc = head_acc + int64_t(m0) * p.head_dim_padded;
+  const SeqlenInfo seq(p, batch);
   T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
-          int64_t(m0) * p.dq_row_stride;
-  const int rows = min(kRows, p.seqlen_q - m0);
+          int64_t(seq.offset_q + m0) * p.dq_row_stride;
+  const int rows = min(kRows, seq.seqlen_q - m0);
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
   const bool blocked = bulk_dq(p.head_dim_padded);
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {

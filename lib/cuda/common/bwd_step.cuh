@@ -43,8 +43,9 @@ cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, int block
 template <int kBlockM, int kBlockN>
 struct BwdBlock {
   int n_block, head_kv, batch;
+  SeqlenInfo seq;
   int n0;      // first key
-  int rows_k;  // keys in the block
+  int rows_k;  // keys in the block (<= 0: a block past its sequence's end, with no steps)
   int m_begin, m_end;
   int steps;
 
@@ -54,14 +55,14 @@ struct BwdBlock {
       : n_block(c.m_block),
         head_kv(c.head),
         batch(c.batch),
+        seq(p, c.batch),
         n0(c.m_block * kBlockN),
-        rows_k(min(kBlockN, p.seqlen_k - c.m_block * kBlockN)) {
-    mask_of(p, SeqlenInfo(p, c.batch)).m_block_range(n0, rows_k, kBlockM, m_begin, m_end);
+        rows_k(min(kBlockN, seq.seqlen_k - c.m_block * kBlockN)) {
+    mask_of(p, seq).m_block_range(n0, rows_k, kBlockM, m_begin, m_end);
+    if (rows_k <= 0) m_end = m_begin;
     steps = (m_end - m_begin) * p.group;
   }
-  __device__ WindowMask mask(const cuda::BwdParams& p) const {
-    return mask_of(p, SeqlenInfo(p, batch));
-  }
+  __device__ WindowMask mask(const cuda::BwdParams& p) const { return mask_of(p, seq); }
   __device__ int first_head(const cuda::BwdParams& p) const { return head_kv * p.group; }
   // Deterministic dQ: this key block's turn among those that add into query block m_block, 0
   // for the first (with a window's left bound that is not key block 0). The key blocks a query
@@ -84,10 +85,11 @@ struct BwdBlock {
 template <class TileKV, int kThreads, class T, class Block>
 __device__ __forceinline__ void load_kv(const cuda::BwdParams& p, const Block& b, T* sK, T* sV,
                                         int tid) {
+  const int64_t row = b.seq.offset_k + b.n0;
   const T* kg = static_cast<const T*>(p.k) + b.batch * p.k_batch_stride +
-                b.head_kv * p.k_head_stride + int64_t(b.n0) * p.k_row_stride;
+                b.head_kv * p.k_head_stride + row * p.k_row_stride;
   const T* vg = static_cast<const T*>(p.v) + b.batch * p.v_batch_stride +
-                b.head_kv * p.v_head_stride + int64_t(b.n0) * p.v_row_stride;
+                b.head_kv * p.v_head_stride + row * p.v_row_stride;
   load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, b.rows_k, p.head_dim, tid);
   load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, b.rows_k, p.head_dim, tid);
 }
@@ -96,10 +98,11 @@ __device__ __forceinline__ void load_kv(const cuda::BwdParams& p, const Block& b
 template <class TileKV, int kThreads, class T, class Block>
 __device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block& b, const T* sdK,
                                            const T* sdV, int tid) {
+  const int64_t row = b.seq.offset_k + b.n0;
   T* dkg = static_cast<T*>(p.dk) + b.batch * p.dk_batch_stride + b.head_kv * p.dk_head_stride +
-           int64_t(b.n0) * p.dk_row_stride;
+           row * p.dk_row_stride;
   T* dvg = static_cast<T*>(p.dv) + b.batch * p.dv_batch_stride + b.head_kv * p.dv_head_stride +
-           int64_t(b.n0) * p.dv_row_stride;
+           row * p.dv_row_stride;
   store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sdK, b.rows_k, p.head_dim, tid);
   store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sdV, b.rows_k, p.head_dim, tid);
 }
@@ -108,17 +111,18 @@ __device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block
 // and D into stats[0, kBlockM) and stats[kBlockM, 2 kBlockM) (padded rows of the workspace hold
 // +inf and 0, so they need no predicate). Part of the caller's cp.async group.
 template <class TileQ, int kThreads, class T>
-__device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batch, int head,
-                                              int m_block, T* sQ, T* sdO, float* stats,
-                                              int tid) {
+__device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batch,
+                                              const SeqlenInfo& seq, int head, int m_block,
+                                              T* sQ, T* sdO, float* stats, int tid) {
   constexpr int kBlockM = TileQ::kRows;
   const int m0 = m_block * kBlockM;
+  const int64_t row0 = seq.offset_q + m0;
   const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                int64_t(m0) * p.q_row_stride;
+                row0 * p.q_row_stride;
   const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
-                 head * p.do_head_stride + int64_t(m0) * p.do_row_stride;
-  load_tile<TileQ, kThreads>(sQ, qg, p.q_row_stride, p.seqlen_q - m0, p.head_dim, tid);
-  load_tile<TileQ, kThreads>(sdO, dog, p.do_row_stride, p.seqlen_q - m0, p.head_dim, tid);
+                 head * p.do_head_stride + row0 * p.do_row_stride;
+  load_tile<TileQ, kThreads>(sQ, qg, p.q_row_stride, seq.seqlen_q - m0, p.head_dim, tid);
+  load_tile<TileQ, kThreads>(sdO, dog, p.do_row_stride, seq.seqlen_q - m0, p.head_dim, tid);
   constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
   if (tid < 2 * kChunks) {
     const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;

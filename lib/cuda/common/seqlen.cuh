@@ -1,6 +1,8 @@
-// Where one batch entry's rows are and how many there are. Fixed shapes today: every batch entry
-// holds seqlen_q queries and seqlen_k keys at batch * batch_stride. This is the one place that
-// learns about packed variable-length batches and per-sequence KV-cache lengths.
+// Where one batch entry's rows are and how many there are: the one place that knows fixed
+// shapes from packed variable-length batches. Fixed: every entry holds seqlen_q queries and
+// seqlen_k keys at batch * batch_stride. Variable-length: the tensors are packed, their batch
+// strides 0, and sequence b owns rows [cu_seqlens[b], cu_seqlens[b + 1]); seqlen_q and seqlen_k
+// of the parameters are then the largest lengths (the grids' extents).
 #pragma once
 
 #include <cstdint>
@@ -10,10 +12,22 @@ namespace common {
 
 struct SeqlenInfo {
   int seqlen_q, seqlen_k;
+  int offset_q, offset_k;  // the entry's first row in the (packed) tensors
 
   template <class Params>
-  __device__ __forceinline__ SeqlenInfo(const Params& p, int /*batch*/)
-      : seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k) {}
+  __device__ __forceinline__ SeqlenInfo(const Params& p, int batch) {
+    if (p.cu_seqlens_q != nullptr) {
+      const int64_t sq = p.cu_seqlens_q_stride, sk = p.cu_seqlens_k_stride;
+      offset_q = p.cu_seqlens_q[batch * sq];
+      offset_k = p.cu_seqlens_k[batch * sk];
+      seqlen_q = p.cu_seqlens_q[(batch + 1) * sq] - offset_q;
+      seqlen_k = p.cu_seqlens_k[(batch + 1) * sk] - offset_k;
+    } else {
+      offset_q = offset_k = 0;
+      seqlen_q = p.seqlen_q;
+      seqlen_k = p.seqlen_k;
+    }
+  }
 };
 
 }  // namespace common

@@ -187,9 +187,6 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.head_dim_v != p.head_dim) {
     return "a head_dim of v that differs from q's is not implemented yet";
   }
-  if (p.varlen) {
-    return "variable-length batches (cu_seqlens_q, cu_seqlens_k) are not implemented yet";
-  }
   const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, p.head_dim))
                             : smem_of(choose(kFwdKernels, dev, p.dtype, p.head_dim));
   if (smem == 0) {
@@ -271,6 +268,10 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
   p.alibi_head_stride = variants.alibi.stride_head;
   p.sinks = variants.sinks.data;
   p.sinks_stride = variants.sinks.stride;
+  p.cu_seqlens_q = variants.cu_seqlens_q.data;
+  p.cu_seqlens_k = variants.cu_seqlens_k.data;
+  p.cu_seqlens_q_stride = variants.cu_seqlens_q.stride;
+  p.cu_seqlens_k_stride = variants.cu_seqlens_k.stride;
 }
 
 }  // namespace

@@ -35,6 +35,11 @@ struct FwdParams {
   int64_t alibi_batch_stride, alibi_head_stride;
   const float* sinks;
   int64_t sinks_stride;
+  // Variable-length batches (null: fixed): B + 1 offsets of each sequence's first query and key
+  // row in the packed tensors (common::SeqlenInfo); seqlen_q, seqlen_k are then the largest.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
 };
 
 struct BwdParams {
@@ -77,6 +82,11 @@ struct BwdParams {
   int64_t alibi_batch_stride, alibi_head_stride;
   const float* sinks;
   int64_t sinks_stride;
+  // Variable-length batches (null: fixed): B + 1 offsets of each sequence's first query and key
+  // row in the packed tensors (common::SeqlenInfo); seqlen_q, seqlen_k are then the largest.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
   // dsinks (null: not wanted): written by the last launch from per-block partial sums in the
   // workspace, [batch, heads_q, seqlen_q_rounded / 64], in a fixed order.
   float* dsinks;

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   const int steps = blk.steps;
   auto load_step = [&](int head, int m_block, int stage) {
-    common::load_bwd_step<TileQ, Cfg::kNThreads>(p, blk.batch, head, m_block,
+    common::load_bwd_step<TileQ, Cfg::kNThreads>(p, blk.batch, blk.seq, head, m_block,
                                          sQ + 2 * stage * TileQ::kElems,
                                          sdO + 2 * stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int r = mi * 16 + g + hh * 8;
-            if (m0 + q_r0 + r < p.seqlen_q) {
+            if (m0 + q_r0 + r < blk.seq.seqlen_q) {
 #pragma unroll
               for (int dt = 0; dt < kQD; ++dt) {
                 float* dst = dq + r * p.head_dim_padded + dt * 8 + 2 * t;

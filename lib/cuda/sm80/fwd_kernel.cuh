@@ -62,30 +62,33 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   const common::SeqlenInfo seq(p, batch);
   const common::WindowMask mask = common::mask_of(p, seq);
   const int m0 = m_block * kBlockM;
+  if (m0 >= seq.seqlen_q) return;  // a query block past this sequence's end (varlen)
   const int rows = min(kBlockM, seq.seqlen_q - m0);
 
   const T* qg = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                int64_t(m0) * p.q_row_stride;
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride;
+                int64_t(seq.offset_q + m0) * p.q_row_stride;
+  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
+                head_kv * p.k_head_stride + int64_t(seq.offset_k) * p.k_row_stride;
+  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
+                head_kv * p.v_head_stride + int64_t(seq.offset_k) * p.v_row_stride;
 
   // The output rows, from the tile's coordinates (computed where they are needed: held across
   // the main loop they would cost registers the loop needs).
-  auto out_rows = [&p, m0](const common::TileCoord& c) {
+  auto out_rows = [&p, m0](const common::TileCoord& c, const common::SeqlenInfo& s) {
     return static_cast<T*>(p.o) + c.batch * p.o_batch_stride + c.head * p.o_head_stride +
-           int64_t(m0) * p.o_row_stride;
+           int64_t(s.offset_q + m0) * p.o_row_stride;
   };
-  auto lse_rows = [&p, m0](const common::TileCoord& c) {
+  auto lse_rows = [&p, m0](const common::TileCoord& c, const common::SeqlenInfo& s) {
     return p.lse == nullptr ? nullptr
                             : p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride +
-                                  int64_t(m0) * p.lse_row_stride;
+                                  int64_t(s.offset_q + m0) * p.lse_row_stride;
   };
 
   int n_begin, n_end;
   mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
   if (n_end <= n_begin) {
-    T* og = out_rows(tile);
-    float* lse_g = lse_rows(tile);
+    T* og = out_rows(tile, seq);
+    float* lse_g = lse_rows(tile, seq);
     common::write_empty_block<T, kBlockM, kHeadDim, Cfg::kNThreads>(
         og, p.o_row_stride, lse_g, p.lse_row_stride, rows, p.head_dim, tid);
     return;
@@ -201,9 +204,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
 
   // Epilogue: one division per row, O through shared memory (the Q tile) for 16-byte stores.
   const common::TileCoord here = tiles_of<Cfg>(p).at(blockIdx.x);
-  T* og = out_rows(here);
-  float* lse_g = lse_rows(here);
-  const int rows_out = min(kBlockM, common::SeqlenInfo(p, here.batch).seqlen_q - m0);
+  const common::SeqlenInfo here_seq(p, here.batch);
+  T* og = out_rows(here, here_seq);
+  float* lse_g = lse_rows(here, here_seq);
+  const int rows_out = min(kBlockM, here_seq.seqlen_q - m0);
   float inv[2 * kMTiles], lse[2 * kMTiles];
   softmax.finalize(inv, lse, common::sink_log2_of(p, here.head));
   __syncthreads();  // every warp is done reading sQ

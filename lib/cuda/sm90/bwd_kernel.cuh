@@ -70,9 +70,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block, sQ + stage * TileQ::kElems,
-                                         sdO + stage * TileQ::kElems,
-                                         sStats + stage * 2 * kBlockM, tid);
+    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, blk.seq, head, m_block,
+                                           sQ + stage * TileQ::kElems,
+                                           sdO + stage * TileQ::kElems,
+                                           sStats + stage * 2 * kBlockM, tid);
   };
   int head = blk.first_head(p);
   int m_block = blk.m_begin;

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
   common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
   auto load_step = [&](int head, int m_block, int stage) {
-    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, head, m_block,
+    common::load_bwd_step<TileQ, kThreads>(p, blk.batch, blk.seq, head, m_block,
                                          sQ + 2 * stage * TileQ::kElems,
                                          sdO + 2 * stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);

@@ -362,6 +362,9 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
   // the H200: head_dim 33 in rows padded to 40 had columns 33..39 overwritten), so rows that
   // end inside a granule go to the sm80 kernel, which stores them element by element.
   if (p.head_dim % kTmaGranuleElems != 0) return cudaErrorNotSupported;
+  // Packed variable-length batches: a TMA box would cross into the next sequence's rows (and
+  // store there), so they too take the sm80 kernel for now.
+  if (p.cu_seqlens_q != nullptr) return cudaErrorNotSupported;
   FwdTmaArgs args{};
   args.p = p;
   const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
