@@ -247,17 +247,6 @@ const char* unsupported_reason(const Problem& p) {
   if (p.dtype != DType::F16 && p.dtype != DType::BF16) {
     return "the CUDA backend computes in float16 and bfloat16; float32 runs on the CPU backend";
   }
-  // Variants not built here yet (a window of (-1, 0) is the causal mask, which is).
-  if (p.sliding_window()) return "a sliding window (options.window) is not implemented yet";
-  if (p.softcap > 0.0f) return "a softcap (options.softcap) is not implemented yet";
-  if (p.alibi != Alibi::None) return "ALiBi slopes are not implemented yet";
-  if (p.sinks) return "attention sinks are not implemented yet";
-  if (p.head_dim_v != p.head_dim) {
-    return "a head_dim of v that differs from q's is not implemented yet";
-  }
-  if (p.varlen) {
-    return "variable-length batches (cu_seqlens_q, cu_seqlens_k) are not implemented yet";
-  }
   // cuBLAS takes int sizes, leading dimensions and batch counts.
   const int64_t max_int = INT_MAX;
   if (p.group_size() * p.seqlen_q > max_int || round_up(p.seqlen_k, kLdMultiple) > max_int ||
