@@ -1,7 +1,8 @@
-// The variants as the standard kernels apply them, one small policy each, on the device: where a
+// The variants as the standard kernels apply them, one small policy each: where a
 // batch entry's rows lie (SeqSpan), which keys a query sees (KeyRange), what becomes of a raw
 // score (Logits: softcap, then ALiBi) and the sink's share of a row's softmax (Sink). ScoreRow
-// gathers them for one row of the padded score layout. Included by standard_kernels.cu only.
+// gathers them for one row of the padded score layout. Host and device functions alike, so that
+// a host stand-in of the kernels (a test without a GPU) can apply the very same policies.
 #pragma once
 
 #include <cmath>
@@ -13,7 +14,7 @@ namespace flashattn {
 namespace cuda {
 namespace standard {
 
-__device__ __forceinline__ int64_t clamp_to(int64_t x, int64_t n) {
+__host__ __device__ __forceinline__ int64_t clamp_to(int64_t x, int64_t n) {
   return x < 0 ? 0 : (x < n ? x : n);
 }
 
@@ -26,8 +27,8 @@ struct SeqSpan {
   int64_t len;
 };
 
-__device__ __forceinline__ SeqSpan seq_span(const SeqOffsets& offsets, int64_t b,
-                                            int64_t max_len) {
+__host__ __device__ __forceinline__ SeqSpan seq_span(const SeqOffsets& offsets, int64_t b,
+                                                     int64_t max_len) {
   if (offsets.data == nullptr) return SeqSpan{0, max_len};
   const int64_t begin = offsets.data[b * offsets.stride];
   const int64_t end = offsets.data[(b + 1) * offsets.stride];
@@ -39,26 +40,29 @@ __device__ __forceinline__ SeqSpan seq_span(const SeqOffsets& offsets, int64_t b
 struct KeyRange {
   int64_t begin;
   int64_t end;
-  __device__ __forceinline__ bool contains(int64_t j) const { return j >= begin && j < end; }
-  __device__ __forceinline__ bool empty() const { return end <= begin; }
+  __host__ __device__ __forceinline__ bool contains(int64_t j) const {
+    return j >= begin && j < end;
+  }
+  __host__ __device__ __forceinline__ bool empty() const { return end <= begin; }
 };
 
-__device__ __forceinline__ KeyRange visible_keys(int64_t i, int64_t len_q, int64_t len_k,
-                                                 int64_t left, int64_t right) {
+__host__ __device__ __forceinline__ KeyRange visible_keys(int64_t i, int64_t len_q,
+                                                          int64_t len_k, int64_t left,
+                                                          int64_t right) {
   const int64_t diag = len_k - len_q;
   const int64_t begin = left < 0 ? 0 : clamp_to(i + diag - left, len_k);
   const int64_t end = right < 0 ? len_k : clamp_to(i + diag + right + 1, len_k);
   return KeyRange{begin, end > begin ? end : begin};
 }
 
-// What becomes of one row's raw scores s = scale * q.k, in the header's order: a softcap
-// (x = c * tanh(s / c)), then ALiBi (x -= slope * |i + diag - j|).
+// One score's logit, and the softcap's derivative there.
 struct Logit {
   float value;
-  float softcap_grad;  // the cap's derivative 1 - tanh^2(s / c), the factor the backward's dS
-                       // takes; 1 without a softcap
+  float softcap_grad;  // 1 - tanh^2(s / c), the factor the backward's dS takes; 1 without a cap
 };
 
+// What becomes of one row's raw scores s = scale * q.k, in the header's order: a softcap
+// (x = c * tanh(s / c)), then ALiBi (x -= slope * |i + diag - j|).
 struct Logits {
   bool softcap;
   float cap;
@@ -67,7 +71,7 @@ struct Logits {
   int64_t diagonal;  // i + diag: the key at ALiBi distance 0
 
   // The logit of raw score s at key j, and the softcap's derivative there.
-  __device__ __forceinline__ Logit at(float s, int64_t j) const {
+  __host__ __device__ __forceinline__ Logit at(float s, int64_t j) const {
     Logit l{s, 1.0f};
     if (softcap) {
       const float t = tanhf(s / cap);
@@ -77,7 +81,9 @@ struct Logits {
     if (alibi) l.value -= slope * fabsf(static_cast<float>(diagonal - j));
     return l;
   }
-  __device__ __forceinline__ float operator()(float s, int64_t j) const { return at(s, j).value; }
+  __host__ __device__ __forceinline__ float operator()(float s, int64_t j) const {
+    return at(s, j).value;
+  }
 };
 
 // One head's attention sink: one more logit in the row's softmax, a key of value 0. A row whose
@@ -86,8 +92,10 @@ struct Logits {
 struct Sink {
   bool present;
   float logit;
-  __device__ __forceinline__ float shift(float m) const { return present ? fmaxf(m, logit) : m; }
-  __device__ __forceinline__ float term(float shift) const {
+  __host__ __device__ __forceinline__ float shift(float m) const {
+    return present ? fmaxf(m, logit) : m;
+  }
+  __host__ __device__ __forceinline__ float term(float shift) const {
     return present ? expf(logit - shift) : 0.0f;
   }
 };
@@ -102,8 +110,8 @@ struct ScoreRow {
   Sink sink;
 };
 
-__device__ __forceinline__ ScoreRow score_row(int64_t r, const ScoreRows& shape,
-                                              const RowVariants& v) {
+__host__ __device__ __forceinline__ ScoreRow score_row(int64_t r, const ScoreRows& shape,
+                                                       const RowVariants& v) {
   ScoreRow row;
   row.i = r % shape.seqlen_q;
   const int64_t bh = r / shape.seqlen_q;

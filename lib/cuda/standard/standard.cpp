@@ -114,7 +114,9 @@ Layout plan(const Problem& p, bool backward) {
 
 cudaDataType cuda_type(DType t) { return t == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-Strides4 strides_of(const Tensor4& t) { return Strides4{t.stride_batch, t.stride_seq, t.stride_head}; }
+Strides4 strides_of(const Tensor4& t) {
+  return Strides4{t.stride_batch, t.stride_seq, t.stride_head};
+}
 
 // The packed [batch, heads, rows, ld] layout.
 Strides4 packed(int64_t heads, int64_t rows, int64_t ld) {
