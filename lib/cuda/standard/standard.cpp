@@ -183,7 +183,9 @@ ScoreRows score_rows(const Problem& p, const Layout& l) {
 RowVariants row_variants(const Problem& p, const VariantViews& v) {
   RowVariants r;
   r.window_left = p.window_left;
-  r.window_right = p.window_right;
+  // causal is the right bound 0 (the API folds it into window_right; a Problem that says only
+  // causal means the same).
+  r.window_right = p.causal ? 0 : p.window_right;
   r.softcap = p.softcap;
   if (p.alibi != Alibi::None) r.alibi = v.alibi;
   if (p.sinks) r.sinks = v.sinks;
