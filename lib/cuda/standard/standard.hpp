@@ -1,14 +1,20 @@
 // algorithm = STANDARD on CUDA: attention the textbook way, the baseline the FlashAttention
 // paper compares against and an independent check of the flash kernels.
 //
-//   forward:  S = scale * Q K^T (cuBLAS, fp32)  ->  P = softmax(S + mask) (own kernel, dtype)
-//             ->  O = P V (cuBLAS)
+//   forward:  S = scale * Q K^T (cuBLAS, fp32)  ->  P = softmax(logits(S) + mask) (own kernel,
+//             dtype)  ->  O = P V (cuBLAS)
 //   backward: S and P recomputed as in the forward (the forward's P is not trusted to exist),
-//             dV = P^T dO, dP = dO V^T, D = rowsum(P * dP), dS = P * (dP - D),
-//             dQ = scale * dS K, dK = scale * dS^T Q (cuBLAS; our kernel for D and dS).
+//             dV = P^T dO, dP = dO V^T, D = rowsum(P * dP), dS = P * (dP - D) (* the softcap's
+//             derivative), dQ = scale * dS K, dK = scale * dS^T Q (cuBLAS; our kernel for D and
+//             dS), dsinks = -sum over rows of P_sink * D.
 //   Masked entries of P and dS are 0, and a GEMM would still multiply them with whatever the
 //   mask hides (0 * inf = NaN); elements of O, dV, dQ, dK that come out non-finite are
 //   recomputed without those terms.
+//
+// The variants live in the row kernels only (row_policies.cuh): the mask (causal and sliding
+// window, bottom-right aligned per sequence), the logits (softcap, then ALiBi) and the sink's
+// term in each row's softmax; the GEMMs are the same for all. head_dim_v only sizes the v-side
+// arrays (v, out, dout, dv).
 //
 // S and P live in device memory (the workspace): S (and dP) in fp32, P (and dS) in the input
 // dtype, which is what the P V and gradient GEMMs take. Q, K, V (dO) are first copied into a
@@ -17,6 +23,10 @@
 // kv head), with the g query heads of a GQA group stacked as g*seqlen_q rows. GQA's dK and dV
 // sums over the group are the GEMMs' own k-loop, so nothing is accumulated across launches and
 // the results are deterministic. Outputs are written back to the caller's layout by a copy.
+// A variable-length batch is packed the same way, each sequence padded with zero rows to the
+// promised maximum lengths (the copy kernels read the offsets on the device; the mask hides the
+// padding), so no launch looks at the offsets on the host and the calls may be captured in a
+// CUDA graph. The price is memory: S and P are sized by batch * max_seqlen_q * max_seqlen_k.
 #pragma once
 
 #include <cstddef>
