@@ -25,6 +25,7 @@
 #include "cuda/cuda_util.hpp"
 #include "cuda/standard/standard.hpp"
 #include "cuda/standard/standard_kernels.hpp"
+#include "cuda/standard/row_policies.cuh"
 #include "standard_emulation.hpp"
 
 using flashattn::DType;
@@ -119,44 +120,85 @@ const char* cublas_status_text(cublasStatus_t) { return g_gemm_error.c_str(); }
 
 namespace standard {
 
-cudaError_t copy_4d(DType dtype, const void* src, Strides4 ss, void* dst, Strides4 ds,
-                    int64_t batch, int64_t seqlen, int64_t heads, int64_t dim, cudaStream_t) {
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t n = 0; n < seqlen; ++n)
+// The padded layout's copies: a sequence's rows past its length are zeros in the packed
+// layout and untouched in the caller's.
+template <bool kToCaller>
+cudaError_t copy_rows(DType dtype, const void* src, Strides4 ss, void* dst, Strides4 ds,
+                      SeqOffsets caller_rows, int64_t batch, int64_t seqlen, int64_t heads,
+                      int64_t dim) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const SeqSpan span = seq_span(caller_rows, b, seqlen);
+    for (int64_t n = 0; n < seqlen; ++n) {
+      const bool inside = n < span.len;
+      if (kToCaller && !inside) continue;
+      const int64_t src_n = kToCaller ? n : span.begin + n;
+      const int64_t dst_n = kToCaller ? span.begin + n : n;
       for (int64_t h = 0; h < heads; ++h)
         for (int64_t d = 0; d < dim; ++d) {
-          store16(dtype, dst, b * ds.batch + n * ds.seq + h * ds.head + d,
-                  load16(dtype, src, b * ss.batch + n * ss.seq + h * ss.head + d));
+          store16(dtype, dst, b * ds.batch + dst_n * ds.seq + h * ds.head + d,
+                  inside ? load16(dtype, src, b * ss.batch + src_n * ss.seq + h * ss.head + d)
+                         : 0.0f);
         }
-  return cudaSuccess;
-}
-
-cudaError_t softmax_rows(DType dtype, const float* s, void* p, int64_t ld, int64_t rows,
-                         int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, bool causal,
-                         LseView lse, cudaStream_t) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % seqlen_q;
-    int64_t valid = seqlen_k;
-    if (causal) valid = std::min(seqlen_k, std::max<int64_t>(0, i + seqlen_k - seqlen_q + 1));
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[r * ld + j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < valid; ++j) sum += std::exp(s[r * ld + j] - mx);
-    const float inv = valid > 0 ? 1.0f / sum : 0.0f;
-    for (int64_t j = 0; j < seqlen_k; ++j) {
-      store16(dtype, p, r * ld + j, j < valid ? std::exp(s[r * ld + j] - mx) * inv : 0.0f);
-    }
-    if (lse.data != nullptr) {
-      const int64_t h = (r / seqlen_q) % heads_q, b = r / (seqlen_q * heads_q);
-      lse.data[b * lse.stride_batch + h * lse.stride_head + i * lse.stride_seq] =
-          valid > 0 ? mx + std::log(sum) : -INFINITY;
     }
   }
   return cudaSuccess;
 }
 
-cudaError_t softmax_grad(DType dtype, void* p, const float* dp, int64_t ld, int64_t rows,
-                         int64_t cols, cudaStream_t) {
+cudaError_t pack_rows(DType dtype, const void* src, Strides4 ss, SeqOffsets src_rows, void* dst,
+                      Strides4 ds, int64_t batch, int64_t seqlen, int64_t heads, int64_t dim,
+                      cudaStream_t) {
+  return copy_rows<false>(dtype, src, ss, dst, ds, src_rows, batch, seqlen, heads, dim);
+}
+
+cudaError_t unpack_rows(DType dtype, const void* src, Strides4 ss, void* dst, Strides4 ds,
+                        SeqOffsets dst_rows, int64_t batch, int64_t seqlen, int64_t heads,
+                        int64_t dim, cudaStream_t) {
+  return copy_rows<true>(dtype, src, ss, dst, ds, dst_rows, batch, seqlen, heads, dim);
+}
+
+// The row softmax through the kernels' own row policies (row_policies.cuh).
+cudaError_t softmax_rows(DType dtype, const float* s, void* p, const ScoreRows& shape,
+                         const RowVariants& variants, const SoftmaxExtras& extras,
+                         cudaStream_t) {
+  const int64_t rows = shape.batch * shape.heads_q * shape.seqlen_q;
+  std::vector<float> x(shape.seqlen_k), grad(shape.seqlen_k);
+  for (int64_t r = 0; r < rows; ++r) {
+    const ScoreRow row = score_row(r, shape, variants);
+    const float* srow = s + r * shape.ld;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < shape.seqlen_k; ++j) {
+      const Logit l = row.keys.contains(j) ? row.logits.at(srow[j], j) : Logit{-INFINITY, 0.0f};
+      x[j] = l.value;
+      grad[j] = l.softcap_grad;
+      mx = std::max(mx, x[j]);
+    }
+    const float shift = row.sink.shift(mx);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < shape.seqlen_k; ++j) {
+      x[j] = row.keys.contains(j) ? std::exp(x[j] - shift) : 0.0f;
+      sum += x[j];
+    }
+    sum += row.sink.term(shift);
+    const bool sees_keys = !row.keys.empty();
+    const float inv = sees_keys ? 1.0f / sum : 0.0f;
+    for (int64_t j = 0; j < shape.seqlen_k; ++j) {
+      store16(dtype, p, r * shape.ld + j, x[j] * inv);
+      if (extras.softcap_grad != nullptr) extras.softcap_grad[r * shape.ld + j] = grad[j];
+    }
+    const LseView& lse = extras.lse;
+    if (lse.data != nullptr && row.real) {
+      lse.data[row.b * lse.stride_batch + row.h * lse.stride_head +
+               row.caller_row * lse.stride_seq] = sees_keys ? shift + std::log(sum) : -INFINITY;
+    }
+    if (extras.sink_share != nullptr) {
+      extras.sink_share[r] = sees_keys ? row.sink.term(shift) / sum : 0.0f;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t softmax_grad(DType dtype, void* p, const float* dp, const float* softcap_grad,
+                         int64_t ld, int64_t rows, int64_t cols, float* delta, cudaStream_t) {
   for (int64_t r = 0; r < rows; ++r) {
     float dot = 0.0f;
     for (int64_t j = 0; j < cols; ++j) {
@@ -165,8 +207,28 @@ cudaError_t softmax_grad(DType dtype, void* p, const float* dp, int64_t ld, int6
     }
     for (int64_t j = 0; j < cols; ++j) {
       const float pv = load16(dtype, p, r * ld + j);
-      store16(dtype, p, r * ld + j, pv != 0.0f ? pv * (dp[r * ld + j] - dot) : 0.0f);
+      float ds = 0.0f;
+      if (pv != 0.0f) {
+        ds = pv * (dp[r * ld + j] - dot);
+        if (softcap_grad != nullptr) ds *= softcap_grad[r * ld + j];
+      }
+      store16(dtype, p, r * ld + j, ds);
     }
+    if (delta != nullptr) delta[r] = dot;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t sink_gradient(const float* sink_share, const float* delta, const ScoreRows& shape,
+                          flashattn::Vector<float> dsinks, cudaStream_t) {
+  for (int64_t h = 0; h < shape.heads_q; ++h) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < shape.batch; ++b)
+      for (int64_t i = 0; i < shape.seqlen_q; ++i) {
+        const int64_t r = (b * shape.heads_q + h) * shape.seqlen_q + i;
+        acc += static_cast<double>(sink_share[r]) * static_cast<double>(delta[r]);
+      }
+    dsinks.data[h * dsinks.stride] = static_cast<float>(-acc);
   }
   return cudaSuccess;
 }
@@ -268,6 +330,7 @@ Problem problem_of(const Case& c) {
   p.heads_q = c.hq;
   p.heads_kv = c.hkv;
   p.head_dim = c.d;
+  p.head_dim_v = c.d;
   p.scale = static_cast<float>(flashattn_test::library_scale(c.d, c.scale));
   p.causal = c.causal;
   p.algorithm = flashattn::Algorithm::Standard;
@@ -568,6 +631,7 @@ TEST_CASE("workspace sizes: overflow is UNSUPPORTED, and limits are stated") {
   p.heads_q = (int64_t(1) << 31) - 1;
   p.heads_kv = 1;
   p.head_dim = 256;
+  p.head_dim_v = 256;
   p.algorithm = flashattn::Algorithm::Standard;
   try {
     (void)flashattn::cuda::standard::workspace_size(p, true);
