@@ -108,6 +108,12 @@ __device__ __forceinline__ bool needs_general(const ScoreMod& m, const WindowMas
   return m.active() || mask.left >= 0;
 }
 
+// The same from the parameters, for a launcher choosing between kernels compiled for each.
+template <class Params>
+__host__ __device__ inline bool needs_general(const Params& p) {
+  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0;
+}
+
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop
 // once and gets both specializations behind one uniform branch.
 template <class F>

@@ -26,7 +26,9 @@ namespace sm80 {
 
 // ---- 2. main ---------------------------------------------------------------------------------
 
-template <class T, int kHeadDim>
+// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
+// without, the plain loop, compiled apart so that it keeps its registers.
+template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const cuda::BwdParams p) {
   using Cfg = BwdConfig<kHeadDim>;
@@ -202,46 +204,43 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // With a softcap or ALiBi, P = exp2(logit2 - LSE_log2) and dS takes the softcap's factor.
     const bool need_mask = blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN);
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    common::specialize(common::needs_general(mod, blk.mask(p)), [&](auto general) {
-      constexpr bool kGeneral = decltype(general)::value;
-      const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
 #pragma unroll
-      for (int mi = 0; mi < kSM; ++mi) {
+    for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = s_r0 + mi * 16 + g + hh * 8;
-          const int row = m0 + r;
-          int key_lo, key_hi;  // the keys this query sees
-          mask.keys_of(row, key_lo, key_hi);
-          const float lse2 = s_lse2[r], dsum = s_dsum[r];
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = s_r0 + mi * 16 + g + hh * 8;
+        const int row = m0 + r;
+        int key_lo, key_hi;  // the keys this query sees
+        mask.keys_of(row, key_lo, key_hi);
+        const float lse2 = s_lse2[r], dsum = s_dsum[r];
 #pragma unroll
-          for (int nt = 0; nt < kSN; ++nt) {
-            float pv[2], ds[2];
+        for (int nt = 0; nt < kSN; ++nt) {
+          float pv[2], ds[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = s_c0 + nt * 8 + 2 * t + e;
-              const float s = acc_s[mi][nt][hh * 2 + e];
-              float dcap = 1.0f;
-              float prob;
-              if (kGeneral && mod.active()) {
-                prob = common::exp2_approx(mod.logit2(s, row, n0 + c, dcap) - lse2);
-              } else {
-                prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
-              }
-              if (need_mask && mask.outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
-              pv[e] = prob;
-              ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
-              if constexpr (kGeneral) ds[e] *= dcap;
+          for (int e = 0; e < 2; ++e) {
+            const int c = s_c0 + nt * 8 + 2 * t + e;
+            const float s = acc_s[mi][nt][hh * 2 + e];
+            float dcap = 1.0f;
+            float prob;
+            if (kGeneral && mod.active()) {
+              prob = common::exp2_approx(mod.logit2(s, row, n0 + c, dcap) - lse2);
+            } else {
+              prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
             }
-            const int c = s_c0 + nt * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) =
-                common::pack2<T>(pv[0], pv[1]);
-            *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) =
-                common::pack2<T>(ds[0], ds[1]);
+            if (need_mask && mask.outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
+            pv[e] = prob;
+            ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
+            if constexpr (kGeneral) ds[e] *= dcap;
           }
+          const int c = s_c0 + nt * 8 + 2 * t;
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) =
+              common::pack2<T>(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) =
+              common::pack2<T>(ds[0], ds[1]);
         }
       }
-    });
+    }
     // Bulk path: this warp's add has read the other stage before the barrier, so the prefetch
     // after it may refill that stage.
     if (kBulkDq && step > 0 && lane == 0) common::bulk_wait_read();
@@ -391,9 +390,11 @@ template <class T, int kHeadDim>
 cudaError_t launch_bwd(const cuda::BwdParams& p, const cuda::LaunchInfo&,
                        cudaStream_t stream) {
   using Cfg = BwdConfig<kHeadDim>;
-  return common::launch_bwd_with<T>(p, stream, [stream](const cuda::BwdParams& q) {
-    return common::launch_key_blocks(bwd_kernel<T, kHeadDim>, q, Cfg::kBlockN, Cfg::kNThreads,
-                                     Cfg::kSmemBytes, stream);
+  const auto kernel = common::needs_general(p) ? bwd_kernel<T, kHeadDim, true>
+                                                : bwd_kernel<T, kHeadDim, false>;
+  return common::launch_bwd_with<T>(p, stream, [stream, kernel](const cuda::BwdParams& q) {
+    return common::launch_key_blocks(kernel, q, Cfg::kBlockN, Cfg::kNThreads, Cfg::kSmemBytes,
+                                     stream);
   });
 }
 

@@ -30,7 +30,9 @@
 namespace flashattn {
 namespace sm90 {
 
-template <class T, int kHeadDim>
+// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
+// without, the plain loop, compiled apart so that it keeps its registers.
+template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
@@ -131,63 +133,60 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
     uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    common::specialize(common::needs_general(mod, blk.mask(p)), [&](auto general) {
-      constexpr bool kGeneral = decltype(general)::value;
-      const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
-      if constexpr (kGeneral) {
-        wgmma_wait<0>();
-        fence_registers(acc_s);
-        fence_registers(acc_dp);
-        const int key0 = n0 + wg * 64 + warp * 16 + g;
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = 8 * j + 2 * t + (e % 2);
-            float dcap;
-            const float x = mod.logit2(acc_s[4 * j + e], m0 + col, key0 + 8 * (e / 2), dcap);
-            acc_s[4 * j + e] = common::exp2_approx(x - lse2[col]);
-            acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = 8 * j + 2 * t + (e % 2);
-            acc_s[4 * j + e] =
-                common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
-          }
-        }
-      }
-      // Masks, only where some key of the block is hidden from some query of the step.
-      if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g,
-                                                     m0 + 2 * t, 0.0f);
-      }
-      if constexpr (!kGeneral) {
-        wgmma_wait<0>();
-        fence_registers(acc_dp);
-      }
-
+    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    if constexpr (kGeneral) {
+      wgmma_wait<0>();
+      fence_registers(acc_s);
+      fence_registers(acc_dp);
+      const int key0 = n0 + wg * 64 + warp * 16 + g;
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
-        float dv[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = 8 * j + 2 * t + (e % 2);
-          dv[e] = kGeneral ? acc_s[4 * j + e] * acc_dp[4 * j + e]
-                       : acc_s[4 * j + e] * (acc_dp[4 * j + e] - dsum[col]);
+          float dcap;
+          const float x = mod.logit2(acc_s[4 * j + e], m0 + col, key0 + 8 * (e / 2), dcap);
+          acc_s[4 * j + e] = common::exp2_approx(x - lse2[col]);
+          acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
         }
-        // Columns 8j..8j+7 are half of k16 step j / 2: registers {0,1} of the step for even j,
-        // {2,3} for odd j.
-        pt[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(acc_s[4 * j + 0], acc_s[4 * j + 1]);
-        pt[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(acc_s[4 * j + 2], acc_s[4 * j + 3]);
-        dst[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(dv[0], dv[1]);
-        dst[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(dv[2], dv[3]);
       }
-    });
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * t + (e % 2);
+          acc_s[4 * j + e] =
+              common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+        }
+      }
+    }
+    // Masks, only where some key of the block is hidden from some query of the step.
+    if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+      mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g,
+                                                   m0 + 2 * t, 0.0f);
+    }
+    if constexpr (!kGeneral) {
+      wgmma_wait<0>();
+      fence_registers(acc_dp);
+    }
+
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      float dv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e % 2);
+        dv[e] = kGeneral ? acc_s[4 * j + e] * acc_dp[4 * j + e]
+                     : acc_s[4 * j + e] * (acc_dp[4 * j + e] - dsum[col]);
+      }
+      // Columns 8j..8j+7 are half of k16 step j / 2: registers {0,1} of the step for even j,
+      // {2,3} for odd j.
+      pt[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(acc_s[4 * j + 0], acc_s[4 * j + 1]);
+      pt[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(acc_s[4 * j + 2], acc_s[4 * j + 3]);
+      dst[j / 2][(j % 2) * 2 + 0] = common::pack2<T>(dv[0], dv[1]);
+      dst[j / 2][(j % 2) * 2 + 1] = common::pack2<T>(dv[2], dv[3]);
+    }
 
     // dS^T to shared memory, [keys][queries], for dQ = dS K (before the wgmmas below take
     // these registers as operands: in-flight operand registers must not be touched). The
@@ -296,8 +295,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
+  const auto kernel = common::needs_general(p) ? bwd_kernel<T, kHeadDim, true>
+                                                : bwd_kernel<T, kHeadDim, false>;
   using Cfg = BwdConfig<kHeadDim>;
-  return common::launch_key_blocks(bwd_kernel<T, kHeadDim>, p, Cfg::kBlockN, Cfg::kNThreads,
+  return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
 }
 

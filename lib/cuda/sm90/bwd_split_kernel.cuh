@@ -28,7 +28,9 @@
 namespace flashattn {
 namespace sm90 {
 
-template <class T, int kHeadDim>
+// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
+// without, the plain loop, compiled apart so that it keeps its registers.
+template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     bwd_split_kernel(const cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
@@ -151,64 +153,61 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     // this warpgroup's 32). In the general loop (common::specialize) the exponentials wait for
     // dP^T, so that dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    common::specialize(common::needs_general(mod, blk.mask(p)), [&](auto general) {
-      constexpr bool kGeneral = decltype(general)::value;
-      const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
-      if constexpr (kGeneral) {
-        wgmma_wait<0>();
-        fence_registers(acc_s);
-        fence_registers(acc_dp);
-        const int key0 = n0 + warp * 16 + g;
-        const int q0 = m0 + wg * kQSplit;
-#pragma unroll
-        for (int j = 0; j < kQSplit / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = 8 * j + 2 * t + (e % 2);
-            float dcap;
-            const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
-            acc_s[4 * j + e] = common::exp2_approx(x - lse2[col]);
-            acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kQSplit / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = 8 * j + 2 * t + (e % 2);
-            acc_s[4 * j + e] =
-                common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
-          }
-        }
-      }
-      // Masks, only where some key of the block is hidden from some query of the step.
-      if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
-                                                     m0 + wg * kQSplit + 2 * t, 0.0f);
-      }
-      if constexpr (!kGeneral) {
-        wgmma_wait<0>();
-        fence_registers(acc_dp);
-      }
-
-      // P^T and dS^T to shared memory, [keys][queries]: TileP::offset with this thread's rows
-      // (r % 8 == g) and chunk 4 wg + j of the row written out.
-      const int row_off = (warp * 16 + g) * 64 + 2 * t;
+    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    if constexpr (kGeneral) {
+      wgmma_wait<0>();
+      fence_registers(acc_s);
+      fence_registers(acc_dp);
+      const int key0 = n0 + warp * 16 + g;
+      const int q0 = m0 + wg * kQSplit;
 #pragma unroll
       for (int j = 0; j < kQSplit / 8; ++j) {
-        const int off = row_off + (((wg * (kQSplit / 8) + j) ^ g) << 3);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float p0 = acc_s[4 * j + 2 * hh], p1 = acc_s[4 * j + 2 * hh + 1];
-          const float d0 = acc_dp[4 * j + 2 * hh], d1 = acc_dp[4 * j + 2 * hh + 1];
-          const float ds0 = kGeneral ? p0 * d0 : p0 * (d0 - dsum[8 * j + 2 * t]);
-          const float ds1 = kGeneral ? p1 * d1 : p1 * (d1 - dsum[8 * j + 2 * t + 1]);
-          *reinterpret_cast<uint32_t*>(sP + off + hh * 8 * 64) = common::pack2<T>(p0, p1);
-          *reinterpret_cast<uint32_t*>(sdS + off + hh * 8 * 64) = common::pack2<T>(ds0, ds1);
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * t + (e % 2);
+          float dcap;
+          const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
+          acc_s[4 * j + e] = common::exp2_approx(x - lse2[col]);
+          acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
         }
       }
-    });
+    } else {
+#pragma unroll
+      for (int j = 0; j < kQSplit / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * t + (e % 2);
+          acc_s[4 * j + e] =
+              common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
+        }
+      }
+    }
+    // Masks, only where some key of the block is hidden from some query of the step.
+    if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+      mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
+                                                   m0 + wg * kQSplit + 2 * t, 0.0f);
+    }
+    if constexpr (!kGeneral) {
+      wgmma_wait<0>();
+      fence_registers(acc_dp);
+    }
+
+    // P^T and dS^T to shared memory, [keys][queries]: TileP::offset with this thread's rows
+    // (r % 8 == g) and chunk 4 wg + j of the row written out.
+    const int row_off = (warp * 16 + g) * 64 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kQSplit / 8; ++j) {
+      const int off = row_off + (((wg * (kQSplit / 8) + j) ^ g) << 3);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float p0 = acc_s[4 * j + 2 * hh], p1 = acc_s[4 * j + 2 * hh + 1];
+        const float d0 = acc_dp[4 * j + 2 * hh], d1 = acc_dp[4 * j + 2 * hh + 1];
+        const float ds0 = kGeneral ? p0 * d0 : p0 * (d0 - dsum[8 * j + 2 * t]);
+        const float ds1 = kGeneral ? p1 * d1 : p1 * (d1 - dsum[8 * j + 2 * t + 1]);
+        *reinterpret_cast<uint32_t*>(sP + off + hh * 8 * 64) = common::pack2<T>(p0, p1);
+        *reinterpret_cast<uint32_t*>(sdS + off + hh * 8 * 64) = common::pack2<T>(ds0, ds1);
+      }
+    }
     common::fence_proxy_async();
     // This warp's dQ add has read the other stage before the barrier, so the prefetch after it
     // may refill that stage.
@@ -288,8 +287,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_split_main(const cuda::BwdParams& p, cudaStream_t stream) {
+  const auto kernel = common::needs_general(p) ? bwd_split_kernel<T, kHeadDim, true>
+                                                : bwd_split_kernel<T, kHeadDim, false>;
   using Cfg = BwdSplitConfig<kHeadDim>;
-  return common::launch_key_blocks(bwd_split_kernel<T, kHeadDim>, p, Cfg::kBlockN, Cfg::kNThreads,
+  return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
 }
 
