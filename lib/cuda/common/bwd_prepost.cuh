@@ -11,6 +11,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/arch.cuh"
 #include "cuda/common/dq_layout.cuh"
+#include "cuda/common/dsink.cuh"
 #include "cuda/common/scheduler.cuh"
 #include "cuda/common/seqlen.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -70,8 +71,8 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
     acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    float l2 = INFINITY;
     if (part == 0) {
+      float l2 = INFINITY;
       p.dsum[row_base + r] = acc;
       if (row < seq.seqlen_q) {
         const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride +
@@ -79,22 +80,6 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
         if (lse != -INFINITY) l2 = lse * 1.4426950408889634f;
       }
       p.lse_log2[row_base + r] = l2;
-    }
-    // The sink's gradient, this block's share: -sum of P_sink * D over its rows, P_sink =
-    // exp2(sink2 - LSE2) (0 for rows past the end and rows that see no key: LSE2 = +inf).
-    if (p.dsinks != nullptr) {
-      float share = part == 0 ? exp2f(sink_log2_of(p, head) - l2) * acc : 0.0f;
-      __shared__ float warp_share[256 / 32];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) share += __shfl_xor_sync(0xffffffffu, share, o);
-      if (tid % 32 == 0) warp_share[tid / 32] = share;
-      __syncthreads();
-      if (tid == 0) {
-        float sum = 0.0f;
-        for (int w = 0; w < 256 / 32; ++w) sum += warp_share[w];  // a fixed order
-        p.dsink_partial[(int64_t(batch) * p.heads_q + head) * (p.seqlen_q_rounded / kRows) +
-                        blk.m_block] = sum;
-      }
     }
   }
   // Zero this block's rows of the dQ accumulator.
@@ -144,18 +129,18 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
 
 // ---- 4. the sinks' gradient (when wanted) ----------------------------------------------------
 
-// dsinks[h] = -(sum of the preprocess's partials of head h over batch and query blocks), one
-// CTA per head, in double and a fixed order (deterministic whatever the mode).
+// dsinks[h] = -(sum of the main kernel's slots of head h, common/dsink.cuh), one CTA per head,
+// in double and a fixed order.
 constexpr int kDsinkThreads = 256;
 template <class T>  // a template, so that every instance file including this may define it
 __global__ void __launch_bounds__(kDsinkThreads) bwd_dsinks_kernel(const cuda::BwdParams p) {
   const int head = blockIdx.x;
-  const int blocks = p.seqlen_q_rounded / kPrepostRows;
-  const int n = p.batch * blocks;
+  const int64_t per_head = dsink_key_slots(p.seqlen_k) * kDsinkWarpSlots;
+  const int64_t n = int64_t(p.batch) * per_head;
   double sum = 0.0;
-  for (int i = threadIdx.x; i < n; i += kDsinkThreads) {
-    const int b = i / blocks, m = i % blocks;
-    sum += p.dsink_partial[(int64_t(b) * p.heads_q + head) * blocks + m];
+  for (int64_t i = threadIdx.x; i < n; i += kDsinkThreads) {
+    const int64_t b = i / per_head, s = i % per_head;
+    sum += p.dsink_partial[(b * p.heads_q + head) * per_head + s];
   }
   __shared__ double part[kDsinkThreads];
   part[threadIdx.x] = sum;
@@ -174,6 +159,11 @@ cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&
   const int64_t pre = prepost_blocks(p, p.seqlen_q_rounded).num_tiles();
   const int64_t post = prepost_blocks(p, p.seqlen_q).num_tiles();
   if (pre > INT32_MAX) return cudaErrorNotSupported;
+  if (p.dsinks != nullptr) {  // the slots no CTA owns must read 0
+    cudaError_t e = cudaMemsetAsync(p.dsink_partial, 0,
+                                    dsink_partial_count(p) * sizeof(float), stream);
+    if (e != cudaSuccess) return e;
+  }
   bwd_preprocess_kernel<T><<<static_cast<unsigned>(pre), 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;

@@ -12,6 +12,7 @@
 
 #include "cuda/common/mask.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/flash/params.hpp"
 
 namespace flashattn {
 namespace common {
@@ -108,10 +109,16 @@ __device__ __forceinline__ bool needs_general(const ScoreMod& m, const WindowMas
   return m.active() || mask.left >= 0;
 }
 
-// The same from the parameters, for a launcher choosing between kernels compiled for each.
+// The sinks' gradient of the backward's parameters (the forward's have none).
+template <class Params>
+__host__ __device__ inline const float* dsinks_of(const Params&) { return nullptr; }
+__host__ __device__ inline const float* dsinks_of(const cuda::BwdParams& p) { return p.dsinks; }
+
+// The same from the parameters, for a launcher choosing between kernels compiled for each (the
+// backward's general loop also sums the sinks' gradient, common/dsink.cuh).
 template <class Params>
 __host__ __device__ inline bool needs_general(const Params& p) {
-  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0;
+  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0 || dsinks_of(p) != nullptr;
 }
 
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop

@@ -10,6 +10,7 @@
 #include "cuda/bulk_store_mark.hpp"
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/common/dsink.cuh"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
@@ -153,9 +154,12 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   w.dsum = align256(rows * hdim * 4);
   w.lse_log2 = w.dsum + align256(rows * 4);
   w.semaphore = w.lse_log2 + align256(rows * 4);
-  // One partial sum of the sinks' gradient per 64 query rows (only with sinks).
+  // The sinks' gradient's partial sums (common/dsink.cuh; only with sinks).
   w.dsink_partial = w.semaphore + align256(rows / 64 * 4);
-  w.total = w.dsink_partial + (p.sinks ? align256(rows / 64 * 4) : 0);
+  const size_t dsink_floats = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
+                              static_cast<size_t>(common::dsink_key_slots(p.seqlen_k)) *
+                              common::kDsinkWarpSlots;
+  w.total = w.dsink_partial + (p.sinks ? align256(dsink_floats * 4) : 0);
   return w;
 }
 

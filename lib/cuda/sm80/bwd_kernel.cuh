@@ -16,6 +16,7 @@
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/common/bwd_prepost.cuh"
 #include "cuda/common/bwd_step.cuh"
+#include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
@@ -140,6 +141,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
   };
 
+  common::DsinkAccumulator dsink;  // the general loop's share of the sinks' gradient
+  const bool with_dsinks = p.dsinks != nullptr;
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
@@ -205,6 +208,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     const bool need_mask = blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN);
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
     const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    const float sink2 = common::sink_log2_of(p, head);
 #pragma unroll
     for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
@@ -214,6 +218,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         int key_lo, key_hi;  // the keys this query sees
         mask.keys_of(row, key_lo, key_hi);
         const float lse2 = s_lse2[r], dsum = s_dsum[r];
+        const float sink_share = kGeneral && with_dsinks ? dsink.sink_share(sink2, lse2) : 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kSN; ++nt) {
           float pv[2], ds[2];
@@ -231,7 +236,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             if (need_mask && mask.outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
             pv[e] = prob;
             ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
-            if constexpr (kGeneral) ds[e] *= dcap;
+            if constexpr (kGeneral) {
+              ds[e] *= dcap;
+              if (with_dsinks) dsink.add(sink_share, prob, acc_dp[mi][nt][hh * 2 + e]);
+            }
           }
           const int c = s_c0 + nt * 8 + 2 * t;
           *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) =
@@ -352,6 +360,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           common::pass_dq_turn(sem, turn);
         }
       }
+    }
+    if (kGeneral && with_dsinks && (next_head != head || step + 1 == steps)) {
+      dsink.flush(p, blk.batch, head, blk.n0);
     }
     head = next_head;
     m_block = next_m_block;

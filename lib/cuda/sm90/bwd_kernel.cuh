@@ -19,6 +19,7 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_step.cuh"
+#include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
@@ -95,6 +96,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
+  common::DsinkAccumulator dsink;  // the general loop's share of the sinks' gradient
+  const bool with_dsinks = p.dsinks != nullptr;
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
@@ -138,15 +141,30 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_s);
       fence_registers(acc_dp);
+      // The masks in the same pass (where P is final, so that dsinks sees the masked P).
       const int key0 = n0 + wg * 64 + warp * 16 + g;
+      const int q0 = m0;
+      const bool masked = mask.needs_mask(m0, kBlockM, n0, kBlockN);
+      int q_lo[2], q_hi[2];  // the queries that see each of this thread's two keys
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mask.queries_of(key0 + 8 * h, q_lo[h], q_hi[h]);
+      const float sink2 = common::sink_log2_of(p, head);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = 8 * j + 2 * t + (e % 2);
           float dcap;
-          const float x = mod.logit2(acc_s[4 * j + e], m0 + col, key0 + 8 * (e / 2), dcap);
-          acc_s[4 * j + e] = common::exp2_approx(x - lse2[col]);
+          const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
+          float prob = common::exp2_approx(x - lse2[col]);
+          if (masked && common::WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) {
+            prob = 0.0f;
+          }
+          if (with_dsinks) {
+            dsink.add(common::DsinkAccumulator::sink_share(sink2, lse2[col]), prob,
+                      acc_dp[4 * j + e]);
+          }
+          acc_s[4 * j + e] = prob;
           acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
         }
       }
@@ -161,12 +179,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         }
       }
     }
-    // Masks, only where some key of the block is hidden from some query of the step.
-    if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-      mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g,
-                                                   m0 + 2 * t, 0.0f);
-    }
     if constexpr (!kGeneral) {
+      // Masks, only where some key of the block is hidden from some query of the step.
+      if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
+        mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g,
+                                                     m0 + 2 * t, 0.0f);
+      }
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
@@ -268,6 +286,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       }
     }
     if (p.deterministic) common::pass_dq_turn(sem, turn);
+    if (kGeneral && with_dsinks && (next_head != head || step + 1 == steps)) {
+      dsink.flush(p, blk.batch, head, n0);
+    }
     head = next_head;
     m_block = next_m_block;
   }

@@ -1,0 +1,57 @@
+// The sinks' gradient, dsinks_h = -sum over the batch and rows of P_sink,i * D_i, with
+// D_i = sum_j P_ij dP_ij taken where P and dP are fp32 (the main backward kernels), not from
+// rowsum(dO * O): O is rounded to the input dtype, and the sum cancels, so that D would carry
+// O's rounding into dsinks almost undamped.
+//
+// Each thread adds P_sink,i * P_ij * dP_ij over the scores it computes; when its CTA moves to
+// the next query head (and at the end) each warp sums its lanes (shuffles, a fixed order) into
+// its own slot, [batch, heads_q, key slot, kSlotsPerBlock] with key slot = first key / 64 (the
+// slots no CTA owns stay as zeroed before the launch); the last launch sums a head's slots in a
+// fixed order. So the result is deterministic whatever the mode.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/flash/params.hpp"
+
+namespace flashattn {
+namespace common {
+
+constexpr int kDsinkKeyRows = 64;      // the key rows one slot column covers
+constexpr int kDsinkWarpSlots = 16;    // slots per key block: one per warp, 16 warps at most
+
+__host__ __device__ inline int64_t dsink_key_slots(int seqlen_k) {
+  return (seqlen_k + kDsinkKeyRows - 1) / kDsinkKeyRows;
+}
+// Floats of the partial sums.
+__host__ __device__ inline int64_t dsink_partial_count(const cuda::BwdParams& p) {
+  return int64_t(p.batch) * p.heads_q * dsink_key_slots(p.seqlen_k) * kDsinkWarpSlots;
+}
+
+struct DsinkAccumulator {
+  float sum = 0.0f;
+
+  // P_sink of a row from its LSE * log2(e) (+inf for rows past the end or without keys: 0).
+  __device__ __forceinline__ static float sink_share(float sink2, float lse2) {
+    return exp2_approx(sink2 - lse2);
+  }
+  __device__ __forceinline__ void add(float share, float prob, float dp) {
+    sum = fmaf(share * prob, dp, sum);
+  }
+  // Warp-wide: this warp's sum for (batch, head) of the key block starting at n0.
+  __device__ __forceinline__ void flush(const cuda::BwdParams& p, int batch, int head, int n0) {
+    float s = sum;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0) {
+      const int64_t slot = ((int64_t(batch) * p.heads_q + head) * dsink_key_slots(p.seqlen_k) +
+                            n0 / kDsinkKeyRows) * kDsinkWarpSlots + threadIdx.x / 32;
+      p.dsink_partial[slot] = s;
+    }
+    sum = 0.0f;
+  }
+};
+
+}  // namespace common
+}  // namespace flashattn
