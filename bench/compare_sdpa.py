@@ -58,6 +58,10 @@ class Tensor(ctypes.Structure):
     ]
 
 
+# The first flashattn_options_t: its five fields are all this script sets. The exported
+# flashattn_options_init is the first header's initializer and fills exactly this struct (size
+# included), which keeps the script working with every later library. A version of the script
+# that appends fields must call flashattn_options_init_sized(byref(o), ctypes.sizeof(Options)).
 class Options(ctypes.Structure):
     _fields_ = [
         ("size", ctypes.c_size_t),

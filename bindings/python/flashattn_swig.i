@@ -172,7 +172,25 @@ FLASHATTN_SCALAR_OUT(void *, PyLong_FromVoidPtr)
 %noexception options_at;
 flashattn_options_t *options_at(void *address);
 
+/* The sizes of the structs as this module was compiled (those its proxies allocate). In C,
+ * flashattn_options_init(&o) and flashattn_args_init(&a) are macros that pass sizeof(o) to the
+ * _sized functions; SWIG wraps no function-like macro, so the module defines them below. */
+%constant size_t SIZEOF_OPTIONS = sizeof(flashattn_options_t);
+%constant size_t SIZEOF_ARGS = sizeof(flashattn_args_t);
+
 %pythoncode %{
+def flashattn_options_init(options):
+    """Fills a flashattn_options_t proxy with the defaults, size included: C's
+    flashattn_options_init(&o), that is flashattn_options_init_sized(o, SIZEOF_OPTIONS)."""
+    flashattn_options_init_sized(options, SIZEOF_OPTIONS)
+
+
+def flashattn_args_init(args):
+    """Fills a flashattn_args_t proxy with the defaults, size included: C's
+    flashattn_args_init(&a), that is flashattn_args_init_sized(a, SIZEOF_ARGS)."""
+    flashattn_args_init_sized(args, SIZEOF_ARGS)
+
+
 class Error(RuntimeError):
     """A failing flashattn status, with the library's message (flashattn_last_error())."""
 

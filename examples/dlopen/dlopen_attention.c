@@ -27,7 +27,7 @@ static struct {
   flashattn_status_t (*context_destroy)(flashattn_context_t);
   flashattn_status_t (*tensor_4d)(flashattn_tensor_t *, void *, flashattn_dtype_t, int64_t,
                                   int64_t, int64_t, int64_t);
-  flashattn_status_t (*options_init)(flashattn_options_t *);
+  flashattn_status_t (*options_init_sized)(flashattn_options_t *, size_t);
   flashattn_status_t (*forward)(flashattn_context_t, const flashattn_tensor_t *,
                                 const flashattn_tensor_t *, const flashattn_tensor_t *,
                                 const flashattn_tensor_t *, const flashattn_tensor_t *,
@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
   RESOLVE(context_create, "flashattn_context_create");
   RESOLVE(context_destroy, "flashattn_context_destroy");
   RESOLVE(tensor_4d, "flashattn_tensor_4d");
-  RESOLVE(options_init, "flashattn_options_init");
+  RESOLVE(options_init_sized, "flashattn_options_init_sized");
   RESOLVE(forward, "flashattn_forward");
 
   /* The sqlite habit: refuse a library of another major version than the header's. */
@@ -104,7 +104,9 @@ int main(int argc, char **argv) {
   check(fa.tensor_4d(&tk, k, FLASHATTN_DTYPE_FLOAT32, B, NK, HKV, D), "tensor_4d(k)");
   check(fa.tensor_4d(&tv, v, FLASHATTN_DTYPE_FLOAT32, B, NK, HKV, D), "tensor_4d(v)");
   check(fa.tensor_4d(&tout, out, FLASHATTN_DTYPE_FLOAT32, B, NQ, HQ, D), "tensor_4d(out)");
-  check(fa.options_init(&opts), "options_init");
+  /* What the header's flashattn_options_init(&opts) expands to: the size of the struct this
+   * program was compiled with, so the library writes no byte past it. */
+  check(fa.options_init_sized(&opts, sizeof opts), "options_init_sized");
   opts.causal = 1; /* bottom-right aligned: query i sees keys j <= i + NK - NQ */
   check(fa.forward(ctx, &tq, &tk, &tv, &tout, NULL, &opts, NULL, 0), "forward");
   check(fa.context_destroy(ctx), "context_destroy");

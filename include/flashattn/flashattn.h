@@ -314,10 +314,12 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t *out, v
                                                       int64_t seqlen);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Options. The struct starts with its own size; fields are only ever appended. The library
- * reads the first `size` bytes it knows of and defaults the rest (a size must end at a field's
- * end); a larger size from a newer header is accepted when the bytes it does not know are all
- * zero. */
+/* Options. The struct starts with its own size; fields are only ever appended, and 0 is the
+ * default of every appended field. The library reads the first `size` bytes it knows of and
+ * defaults the rest (a size must end at a field's end); a larger size from a newer header is
+ * accepted when the bytes it does not know are all zero. Fill the struct with
+ * flashattn_options_init(&o) or FLASHATTN_OPTIONS_INIT, both of which set size to this header's
+ * sizeof(flashattn_options_t), then set the fields wanted. */
 
 /* The largest |softmax_scale| accepted; beyond it every operation returns
  * FLASHATTN_ERROR_INVALID_ARGUMENT (on every backend). Up to it no fp16 input (|x| <= 65504,
@@ -353,10 +355,30 @@ typedef struct flashattn_options {
 #define FLASHATTN_OPTIONS_INIT \
   { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0, 0, 0, 0, 0.0f }
 
-/* Fills *out with the defaults (what FLASHATTN_OPTIONS_INIT gives).
+/* Fills the first `size` bytes of *out with the defaults (what FLASHATTN_OPTIONS_INIT gives)
+ * and sets out->size = size. `size` is the size of the struct as the caller compiled it, so the
+ * library never writes past the caller's struct: C and C++ callers write
+ * flashattn_options_init(&o), the macro below, which passes sizeof(o); bindings and callers
+ * through dlsym/ctypes call this function with their own struct's size. A size larger than
+ * this library's struct (a newer header) is accepted: the fields it does not know are set to 0,
+ * which is every appended field's default.
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL */
-FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t *out);
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL; size is below that of the first
+ *                                           flashattn_options_t (size, softmax_scale, causal,
+ *                                           algorithm, deterministic), ends inside a field, or
+ *                                           is above 4096 (nothing is written) */
+FLASHATTN_API flashattn_status_t flashattn_options_init_sized(flashattn_options_t *out,
+                                                              size_t size);
+
+/* flashattn_options_init(out): fills *out, a flashattn_options_t of this header, with the
+ * defaults; statuses as flashattn_options_init_sized. `out` is a pointer to a
+ * flashattn_options_t (sizeof(*(out)) is taken, so a bare NULL does not compile).
+ * The library also exports a function of this name: the first header's flashattn_options_init,
+ * which programs built against that header call. It writes only the first version's fields and
+ * sets size to that version's size, so those programs keep working unchanged. This header does
+ * not declare it and new code should not resolve it: a struct it fills says it ends after
+ * `deterministic`, so the library would ignore every field set after those. */
+#define flashattn_options_init(out) flashattn_options_init_sized((out), sizeof(*(out)))
 
 /* ------------------------------------------------------------------------------------------ */
 /* Attention. Shapes: q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv], Hq a multiple of
@@ -524,10 +546,19 @@ typedef struct flashattn_args {
   { sizeof(flashattn_args_t), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
     NULL, NULL, NULL, NULL, 0, 0 }
 
-/* Fills *out with the defaults (what FLASHATTN_ARGS_INIT gives: every pointer NULL).
+/* Fills the first `size` bytes of *out with the defaults (what FLASHATTN_ARGS_INIT gives: every
+ * pointer NULL, every length 0) and sets out->size = size; `size` is handled as by
+ * flashattn_options_init_sized (at least the size of this, the first, flashattn_args_t; a larger
+ * one gets zeros past the fields this library knows).
  * \retval FLASHATTN_SUCCESS
- * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL */
-FLASHATTN_API flashattn_status_t flashattn_args_init(flashattn_args_t *out);
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL; size below the first flashattn_args_t,
+ *                                           inside a field or above 4096 (nothing is written) */
+FLASHATTN_API flashattn_status_t flashattn_args_init_sized(flashattn_args_t *out, size_t size);
+
+/* flashattn_args_init(out): fills *out, a flashattn_args_t of this header, with the defaults;
+ * statuses as flashattn_args_init_sized. Only this macro has the name: there is no exported
+ * function flashattn_args_init (bindings and dlsym callers use flashattn_args_init_sized). */
+#define flashattn_args_init(out) flashattn_args_init_sized((out), sizeof(*(out)))
 
 /* flashattn_supported for the configuration `args` describes: the options and the shapes,
  * dtypes and strides of q, k, v and of the variant tensors (alibi_slopes, sinks, cu_seqlens_q,

@@ -512,18 +512,30 @@ FLASHATTN_API flashattn_status_t flashattn_tensor_lse(flashattn_tensor_t* out, v
   });
 }
 
-FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t* out) {
+FLASHATTN_API flashattn_status_t flashattn_options_init_sized(flashattn_options_t* out,
+                                                             size_t size) {
   return guarded(__func__, [&] {
     require_out(out);
-    *out = read_options(nullptr);
+    init_options_sized(out, size);
   });
 }
 
-FLASHATTN_API flashattn_status_t flashattn_args_init(flashattn_args_t* out) {
+// The entry point of the first header, where flashattn_options_init was a function; programs
+// built against it call this symbol with a struct of the first version's size, so it writes
+// only that much (the header now maps the name onto flashattn_options_init_sized).
+#undef flashattn_options_init
+FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t* out);
+FLASHATTN_API flashattn_status_t flashattn_options_init(flashattn_options_t* out) {
   return guarded(__func__, [&] {
     require_out(out);
-    flashattn_args_t a = FLASHATTN_ARGS_INIT;
-    *out = a;
+    init_options_sized(out, kOptionsFirstSize);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_args_init_sized(flashattn_args_t* out, size_t size) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    init_args_sized(out, size);
   });
 }
 

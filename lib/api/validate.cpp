@@ -275,7 +275,9 @@ void check_aliasing(const std::vector<CheckedView>& views) {
 
 struct StructInfo {
   const char* name;   // "options"
+  const char* type;   // "flashattn_options_t"
   const char* init;   // "flashattn_options_init() or FLASHATTN_OPTIONS_INIT"
+  size_t first;       // the size of the struct's first version (what its first header gave)
   size_t known;       // sizeof of this library's struct
   const size_t* field_ends;
   size_t fields;
@@ -290,6 +292,15 @@ std::string field_end_list(const StructInfo& info) {
   return s;
 }
 
+// Sizes past the library's struct end wherever a newer header's fields end: not checked.
+bool ends_at_field_end(const StructInfo& info, size_t size) {
+  if (size >= info.known) return true;
+  for (size_t i = 0; i < info.fields; ++i) {
+    if (size == info.field_ends[i]) return true;
+  }
+  return false;
+}
+
 void read_sized(const StructInfo& info, const void* caller, void* defaults) {
   size_t size;
   std::memcpy(&size, caller, sizeof size);
@@ -302,13 +313,9 @@ void read_sized(const StructInfo& info, const void* caller, void* defaults) {
          info.name, size);
   }
   // A size that ends inside a field would hand the library half a value.
-  if (size > sizeof(size_t) && size < info.known) {
-    bool at_field_end = false;
-    for (size_t i = 0; i < info.fields; ++i) at_field_end = at_field_end || size == info.field_ends[i];
-    if (!at_field_end) {
-      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: size %zu ends inside a field (fields end at %s bytes)",
-           info.name, size, field_end_list(info).c_str());
-    }
+  if (size > sizeof(size_t) && !ends_at_field_end(info, size)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: size %zu ends inside a field (fields end at %s bytes)",
+         info.name, size, field_end_list(info).c_str());
   }
   const auto* bytes = static_cast<const unsigned char*>(caller);
   for (size_t i = info.known; i < size; ++i) {
@@ -321,6 +328,33 @@ void read_sized(const StructInfo& info, const void* caller, void* defaults) {
   }
   std::memcpy(static_cast<unsigned char*>(defaults) + sizeof(size_t), bytes + sizeof(size_t),
               std::min(size, info.known) - sizeof(size_t));
+}
+
+// The _sized initializers: the defaults into the first `size` bytes of a caller's struct, with
+// size = `size`, so that what read_sized later reads is exactly what was written. A caller from a
+// newer header (size past what this library knows) gets zeros past the known fields: every
+// appended field defaults to 0, and read_sized accepts unknown bytes that are 0. Nothing is
+// written when the size is refused.
+void write_sized(const StructInfo& info, const void* defaults, void* out, size_t size) {
+  if (size < info.first) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "size %zu is smaller than the first %s (%zu bytes); pass sizeof(%s)", size, info.type,
+         info.first, info.type);
+  }
+  if (size > kMaxStructSize) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "size %zu is not a plausible size of a %s", size,
+         info.type);
+  }
+  if (!ends_at_field_end(info, size)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "size %zu ends inside a field of %s (fields end at %s bytes)", size, info.type,
+         field_end_list(info).c_str());
+  }
+  auto* bytes = static_cast<unsigned char*>(out);
+  const size_t known = std::min(size, info.known);
+  std::memcpy(bytes, defaults, known);
+  std::memset(bytes + known, 0, size - known);
+  std::memcpy(bytes, &size, sizeof size);
 }
 
 #define FLASHATTN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
@@ -363,6 +397,42 @@ static_assert(kOptionsFieldEnds[sizeof(kOptionsFieldEnds) / sizeof(size_t) - 1] 
               "the last field of flashattn_options_t is listed");
 static_assert(kArgsFieldEnds[sizeof(kArgsFieldEnds) / sizeof(size_t) - 1] == sizeof(flashattn_args_t),
               "the last field of flashattn_args_t is listed");
+
+// flashattn_options_t as the first header laid it out. Programs built against that header pass
+// this struct: its fields must stay where they were, and kOptionsFirstSize must be its size.
+struct OptionsFirstVersion {
+  size_t size;
+  float softmax_scale;
+  int32_t causal;
+  flashattn_algorithm_t algorithm;
+  int32_t deterministic;
+};
+static_assert(sizeof(OptionsFirstVersion) == kOptionsFirstSize,
+              "kOptionsFirstSize is the size of the first flashattn_options_t");
+static_assert(offsetof(OptionsFirstVersion, softmax_scale) ==
+                      offsetof(flashattn_options_t, softmax_scale) &&
+                  offsetof(OptionsFirstVersion, causal) == offsetof(flashattn_options_t, causal) &&
+                  offsetof(OptionsFirstVersion, algorithm) ==
+                      offsetof(flashattn_options_t, algorithm) &&
+                  offsetof(OptionsFirstVersion, deterministic) ==
+                      offsetof(flashattn_options_t, deterministic),
+              "the first flashattn_options_t's fields have not moved");
+static_assert(kArgsFirstSize <= sizeof(flashattn_args_t), "fields are only appended");
+
+constexpr StructInfo kOptionsInfo{"options",
+                                  "flashattn_options_t",
+                                  "flashattn_options_init() or FLASHATTN_OPTIONS_INIT",
+                                  kOptionsFirstSize,
+                                  sizeof(flashattn_options_t),
+                                  kOptionsFieldEnds,
+                                  sizeof(kOptionsFieldEnds) / sizeof(size_t)};
+constexpr StructInfo kArgsInfo{"args",
+                               "flashattn_args_t",
+                               "flashattn_args_init() or FLASHATTN_ARGS_INIT",
+                               kArgsFirstSize,
+                               sizeof(flashattn_args_t),
+                               kArgsFieldEnds,
+                               sizeof(kArgsFieldEnds) / sizeof(size_t)};
 
 // ---- Option values --------------------------------------------------------------------------
 
@@ -466,10 +536,7 @@ flashattn_options_t read_options(const flashattn_options_t* options) {
   o.size = sizeof(o);
   o.algorithm = FLASHATTN_ALGORITHM_FLASH;
   if (options == nullptr) return o;
-  const StructInfo info{"options", "flashattn_options_init() or FLASHATTN_OPTIONS_INIT",
-                        sizeof(flashattn_options_t), kOptionsFieldEnds,
-                        sizeof(kOptionsFieldEnds) / sizeof(size_t)};
-  read_sized(info, options, &o);
+  read_sized(kOptionsInfo, options, &o);
   o.size = sizeof(o);
   check_option_values(o);
   return o;
@@ -479,12 +546,19 @@ flashattn_args_t read_args(const flashattn_args_t* args) {
   if (args == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
   flashattn_args_t a;
   std::memset(&a, 0, sizeof a);
-  const StructInfo info{"args", "flashattn_args_init() or FLASHATTN_ARGS_INIT",
-                        sizeof(flashattn_args_t), kArgsFieldEnds,
-                        sizeof(kArgsFieldEnds) / sizeof(size_t)};
-  read_sized(info, args, &a);
+  read_sized(kArgsInfo, args, &a);
   a.size = sizeof(a);
   return a;
+}
+
+void init_options_sized(flashattn_options_t* out, size_t size) {
+  const flashattn_options_t defaults = read_options(nullptr);
+  write_sized(kOptionsInfo, &defaults, out, size);
+}
+
+void init_args_sized(flashattn_args_t* out, size_t size) {
+  const flashattn_args_t defaults = FLASHATTN_ARGS_INIT;
+  write_sized(kArgsInfo, &defaults, out, size);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // ones fill a flashattn_args_t with their arguments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -31,6 +32,21 @@ struct CheckedView {
   size_t extent_bytes = 0;  // from data to one past the last element
   bool output = false;
 };
+
+// The size of the first flashattn_options_t (size, softmax_scale, causal, algorithm,
+// deterministic): what a program built against that header passes, and all that the exported
+// flashattn_options_init symbol, which such programs call, may write.
+constexpr size_t kOptionsFirstSize = offsetof(flashattn_options_t, window);
+// The size of the first flashattn_args_t. It has not grown yet; when it does, this stays the
+// offset of its first appended field.
+constexpr size_t kArgsFirstSize = offsetof(flashattn_args_t, max_seqlen_k) + sizeof(int64_t);
+
+// Fills the first `size` bytes of *out (not NULL) with the defaults and sets out->size = size:
+// the _sized initializers. A size below the first version's, past a plausible struct size or
+// inside a field is refused (INVALID_ARGUMENT, nothing written); one larger than this library's
+// struct gets zeros, the default of every field, past what the library knows.
+void init_options_sized(flashattn_options_t* out, size_t size);
+void init_args_sized(flashattn_args_t* out, size_t size);
 
 // Defaults, then the first options->size bytes the library knows of (NULL: all defaults).
 flashattn_options_t read_options(const flashattn_options_t* options);

@@ -74,27 +74,28 @@ TEST_SUITE("status") {
 TEST_SUITE("last_error") {
   TEST_CASE("a failure names the function and the argument; success clears it") {
     flashattn_options_t o;
-    EXPECT_STATUS(flashattn_options_init(nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT,
-                  "flashattn_options_init: out is NULL");
+    EXPECT_STATUS(flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t)),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, "flashattn_options_init_sized: out is NULL");
     // Reading does not clear it.
-    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init: out is NULL");
-    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init: out is NULL");
+    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init_sized: out is NULL");
+    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init_sized: out is NULL");
     EXPECT_OK(flashattn_options_init(&o));
     CHECK(std::string(flashattn_last_error()).empty());
     CHECK(flashattn_last_error() != nullptr);
   }
 
   TEST_CASE("a later failure replaces the message") {
-    EXPECT_STATUS(flashattn_options_init(nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STATUS(flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t)),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
     EXPECT_STATUS(flashattn_context_set_num_threads(nullptr, 1), FLASHATTN_ERROR_INVALID_ARGUMENT,
                   "flashattn_context_set_num_threads: ctx is NULL");
     CHECK(!contains(flashattn_last_error(), "options_init"));
   }
 
   TEST_CASE("flashattn_last_error_r copies, truncates and sizes like snprintf") {
-    flashattn_options_init(nullptr);
+    flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t));
     const std::string msg = flashattn_last_error();
-    REQUIRE(msg == "flashattn_options_init: out is NULL");
+    REQUIRE(msg == "flashattn_options_init_sized: out is NULL");
     const size_t n = msg.size();
 
     CHECK(flashattn_last_error_r(nullptr, 0) == n);
@@ -136,7 +137,7 @@ TEST_SUITE("last_error") {
   }
 
   TEST_CASE("the message is per thread") {
-    flashattn_options_init(nullptr);
+    flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t));
     std::string seen_by_other;
     std::string other_after_failure;
     std::thread t([&] {
@@ -147,7 +148,7 @@ TEST_SUITE("last_error") {
     t.join();
     CHECK(seen_by_other.empty());
     CHECK(contains(other_after_failure, "flashattn_context_synchronize: ctx is NULL"));
-    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init: out is NULL");
+    CHECK(std::string(flashattn_last_error()) == "flashattn_options_init_sized: out is NULL");
   }
 }
 
@@ -238,7 +239,7 @@ TEST_SUITE("context") {
   }
 
   TEST_CASE("destroy(NULL) is a no-op that succeeds and clears the message") {
-    flashattn_options_init(nullptr);
+    flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t));
     EXPECT_OK(flashattn_context_destroy(nullptr));
   }
 
@@ -436,7 +437,8 @@ TEST_SUITE("options") {
     CHECK(o.algorithm == from_macro.algorithm);
     CHECK(o.deterministic == from_macro.deterministic);
     CHECK(o.algorithm == FLASHATTN_ALGORITHM_FLASH);
-    EXPECT_STATUS(flashattn_options_init(nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
+    EXPECT_STATUS(flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t)),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
   }
 
   // The options are read before any view, so the query answers for options alone.

@@ -169,7 +169,7 @@ TEST_SUITE("buffers") {
   }
 
   TEST_CASE("destroy(NULL) is a no-op that succeeds") {
-    flashattn_options_init(nullptr);
+    flashattn_options_init_sized(nullptr, sizeof(flashattn_options_t));
     EXPECT_OK(flashattn_buffer_destroy(nullptr));
   }
 

@@ -19,6 +19,13 @@ type Args struct {
 	MaxSeqlenQ, MaxSeqlenK int64
 }
 
+// Flashattn_args_init fills a with the defaults, Size included: C's flashattn_args_init(&a)
+// macro, flashattn_args_init_sized with the size of Args (the header's flashattn_args_t, as
+// capi_test.go checks).
+func Flashattn_args_init(a *Args) error {
+	return Flashattn_args_init_sized(a, int64(unsafe.Sizeof(Args{})))
+}
+
 // ArgTensor names a tensor field of Args.
 type ArgTensor int
 

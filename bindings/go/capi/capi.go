@@ -62,20 +62,20 @@ typedef long long swig_type_32;
 typedef long long swig_type_33;
 typedef long long swig_type_34;
 typedef _gostring_ swig_type_35;
-typedef _gostring_ swig_type_36;
+typedef long long swig_type_36;
 typedef _gostring_ swig_type_37;
 typedef _gostring_ swig_type_38;
-typedef long long swig_type_39;
-typedef _gostring_ swig_type_40;
-typedef long long swig_type_41;
-typedef _gostring_ swig_type_42;
+typedef _gostring_ swig_type_39;
+typedef long long swig_type_40;
+typedef _gostring_ swig_type_41;
+typedef long long swig_type_42;
 typedef _gostring_ swig_type_43;
-typedef _gostring_ swig_type_44;
+typedef long long swig_type_44;
 typedef _gostring_ swig_type_45;
-typedef long long swig_type_46;
+typedef _gostring_ swig_type_46;
 typedef _gostring_ swig_type_47;
 typedef long long swig_type_48;
-typedef long long swig_type_49;
+typedef _gostring_ swig_type_49;
 typedef long long swig_type_50;
 typedef long long swig_type_51;
 typedef long long swig_type_52;
@@ -100,6 +100,8 @@ typedef long long swig_type_70;
 typedef long long swig_type_71;
 typedef long long swig_type_72;
 typedef long long swig_type_73;
+typedef long long swig_type_74;
+typedef long long swig_type_75;
 extern void _wrap_Swig_free_capi_cf0225e2a673f880(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_cf0225e2a673f880(swig_intgo arg1);
 extern swig_intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_cf0225e2a673f880(void);
@@ -149,41 +151,41 @@ extern swig_type_24 _wrap_flashattn_buffer_data_capi_cf0225e2a673f880(swig_voidp
 extern swig_type_25 _wrap_flashattn_buffer_size_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2);
 extern swig_type_26 _wrap_flashattn_tensor_4d_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_intgo arg3, swig_type_27 arg4, swig_type_28 arg5, swig_type_29 arg6, swig_type_30 arg7);
 extern swig_type_31 _wrap_flashattn_tensor_lse_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_type_32 arg3, swig_type_33 arg4, swig_type_34 arg5);
-extern swig_type_35 _wrap_flashattn_options_init_capi_cf0225e2a673f880(swig_voidp arg1);
-extern swig_type_36 _wrap_flashattn_supported_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_intgo arg6);
-extern swig_type_37 _wrap_flashattn_workspace_size_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_intgo arg7);
-extern swig_type_38 _wrap_flashattn_forward_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8, swig_type_39 arg9);
-extern swig_type_40 _wrap_flashattn_backward_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, uintptr_t arg12, swig_type_41 arg13);
-extern swig_type_42 _wrap_flashattn_args_init_capi_cf0225e2a673f880(swig_voidp arg1);
-extern swig_type_43 _wrap_flashattn_supported_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_intgo arg3);
-extern swig_type_44 _wrap_flashattn_workspace_size_ex_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_intgo arg4);
-extern swig_type_45 _wrap_flashattn_forward_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_46 arg4);
-extern swig_type_47 _wrap_flashattn_backward_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_48 arg4);
-extern swig_type_49 _wrap_SizeofTensor_capi_cf0225e2a673f880(void);
-extern swig_type_50 _wrap_OffsetofTensorDtype_capi_cf0225e2a673f880(void);
-extern swig_type_51 _wrap_OffsetofTensorRank_capi_cf0225e2a673f880(void);
-extern swig_type_52 _wrap_OffsetofTensorShape_capi_cf0225e2a673f880(void);
-extern swig_type_53 _wrap_OffsetofTensorStrides_capi_cf0225e2a673f880(void);
-extern swig_type_54 _wrap_SizeofOptions_capi_cf0225e2a673f880(void);
-extern swig_type_55 _wrap_OffsetofOptionsSoftmaxScale_capi_cf0225e2a673f880(void);
-extern swig_type_56 _wrap_OffsetofOptionsCausal_capi_cf0225e2a673f880(void);
-extern swig_type_57 _wrap_OffsetofOptionsAlgorithm_capi_cf0225e2a673f880(void);
-extern swig_type_58 _wrap_OffsetofOptionsDeterministic_capi_cf0225e2a673f880(void);
-extern swig_type_59 _wrap_OffsetofOptionsWindow_capi_cf0225e2a673f880(void);
-extern swig_type_60 _wrap_OffsetofOptionsWindowLeft_capi_cf0225e2a673f880(void);
-extern swig_type_61 _wrap_OffsetofOptionsWindowRight_capi_cf0225e2a673f880(void);
-extern swig_type_62 _wrap_OffsetofOptionsSoftcap_capi_cf0225e2a673f880(void);
-extern swig_type_63 _wrap_SizeofArgs_capi_cf0225e2a673f880(void);
-extern swig_type_64 _wrap_OffsetofArgsOptions_capi_cf0225e2a673f880(void);
-extern swig_type_65 _wrap_OffsetofArgsQ_capi_cf0225e2a673f880(void);
-extern swig_type_66 _wrap_OffsetofArgsDv_capi_cf0225e2a673f880(void);
-extern swig_type_67 _wrap_OffsetofArgsAlibiSlopes_capi_cf0225e2a673f880(void);
-extern swig_type_68 _wrap_OffsetofArgsSinks_capi_cf0225e2a673f880(void);
-extern swig_type_69 _wrap_OffsetofArgsDsinks_capi_cf0225e2a673f880(void);
-extern swig_type_70 _wrap_OffsetofArgsCuSeqlensQ_capi_cf0225e2a673f880(void);
-extern swig_type_71 _wrap_OffsetofArgsCuSeqlensK_capi_cf0225e2a673f880(void);
-extern swig_type_72 _wrap_OffsetofArgsMaxSeqlenQ_capi_cf0225e2a673f880(void);
-extern swig_type_73 _wrap_OffsetofArgsMaxSeqlenK_capi_cf0225e2a673f880(void);
+extern swig_type_35 _wrap_flashattn_options_init_sized_capi_cf0225e2a673f880(swig_voidp arg1, swig_type_36 arg2);
+extern swig_type_37 _wrap_flashattn_supported_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_intgo arg6);
+extern swig_type_38 _wrap_flashattn_workspace_size_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_intgo arg7);
+extern swig_type_39 _wrap_flashattn_forward_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8, swig_type_40 arg9);
+extern swig_type_41 _wrap_flashattn_backward_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, uintptr_t arg12, swig_type_42 arg13);
+extern swig_type_43 _wrap_flashattn_args_init_sized_capi_cf0225e2a673f880(swig_voidp arg1, swig_type_44 arg2);
+extern swig_type_45 _wrap_flashattn_supported_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, swig_intgo arg3);
+extern swig_type_46 _wrap_flashattn_workspace_size_ex_capi_cf0225e2a673f880(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_intgo arg4);
+extern swig_type_47 _wrap_flashattn_forward_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_48 arg4);
+extern swig_type_49 _wrap_flashattn_backward_ex_capi_cf0225e2a673f880(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_50 arg4);
+extern swig_type_51 _wrap_SizeofTensor_capi_cf0225e2a673f880(void);
+extern swig_type_52 _wrap_OffsetofTensorDtype_capi_cf0225e2a673f880(void);
+extern swig_type_53 _wrap_OffsetofTensorRank_capi_cf0225e2a673f880(void);
+extern swig_type_54 _wrap_OffsetofTensorShape_capi_cf0225e2a673f880(void);
+extern swig_type_55 _wrap_OffsetofTensorStrides_capi_cf0225e2a673f880(void);
+extern swig_type_56 _wrap_SizeofOptions_capi_cf0225e2a673f880(void);
+extern swig_type_57 _wrap_OffsetofOptionsSoftmaxScale_capi_cf0225e2a673f880(void);
+extern swig_type_58 _wrap_OffsetofOptionsCausal_capi_cf0225e2a673f880(void);
+extern swig_type_59 _wrap_OffsetofOptionsAlgorithm_capi_cf0225e2a673f880(void);
+extern swig_type_60 _wrap_OffsetofOptionsDeterministic_capi_cf0225e2a673f880(void);
+extern swig_type_61 _wrap_OffsetofOptionsWindow_capi_cf0225e2a673f880(void);
+extern swig_type_62 _wrap_OffsetofOptionsWindowLeft_capi_cf0225e2a673f880(void);
+extern swig_type_63 _wrap_OffsetofOptionsWindowRight_capi_cf0225e2a673f880(void);
+extern swig_type_64 _wrap_OffsetofOptionsSoftcap_capi_cf0225e2a673f880(void);
+extern swig_type_65 _wrap_SizeofArgs_capi_cf0225e2a673f880(void);
+extern swig_type_66 _wrap_OffsetofArgsOptions_capi_cf0225e2a673f880(void);
+extern swig_type_67 _wrap_OffsetofArgsQ_capi_cf0225e2a673f880(void);
+extern swig_type_68 _wrap_OffsetofArgsDv_capi_cf0225e2a673f880(void);
+extern swig_type_69 _wrap_OffsetofArgsAlibiSlopes_capi_cf0225e2a673f880(void);
+extern swig_type_70 _wrap_OffsetofArgsSinks_capi_cf0225e2a673f880(void);
+extern swig_type_71 _wrap_OffsetofArgsDsinks_capi_cf0225e2a673f880(void);
+extern swig_type_72 _wrap_OffsetofArgsCuSeqlensQ_capi_cf0225e2a673f880(void);
+extern swig_type_73 _wrap_OffsetofArgsCuSeqlensK_capi_cf0225e2a673f880(void);
+extern swig_type_74 _wrap_OffsetofArgsMaxSeqlenQ_capi_cf0225e2a673f880(void);
+extern swig_type_75 _wrap_OffsetofArgsMaxSeqlenK_capi_cf0225e2a673f880(void);
 #undef intgo
 */
 import "C"
@@ -691,11 +693,12 @@ _swig_i_0 = unsafe.Pointer(arg1)
 }
 
 const FLASHATTN_MAX_SOFTMAX_SCALE float64 = 1e26
-func Flashattn_options_init(arg1 *Options) (_swig_ret error) {
+func Flashattn_options_init_sized(arg1 *Options, arg2 int64) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
-	swig_r_p := C._wrap_flashattn_options_init_capi_cf0225e2a673f880(C.swig_voidp(_swig_i_0))
+	_swig_i_1 := arg2
+	swig_r_p := C._wrap_flashattn_options_init_sized_capi_cf0225e2a673f880(C.swig_voidp(_swig_i_0), C.swig_type_36(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -762,7 +765,7 @@ _swig_i_5 = unsafe.Pointer(arg6)
 _swig_i_6 = unsafe.Pointer(arg7)
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r_p := C._wrap_flashattn_forward_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_type_39(_swig_i_8))
+	swig_r_p := C._wrap_flashattn_forward_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_type_40(_swig_i_8))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -795,18 +798,19 @@ _swig_i_9 = unsafe.Pointer(arg10)
 _swig_i_10 = unsafe.Pointer(arg11)
 	_swig_i_11 := arg12
 	_swig_i_12 := arg13
-	swig_r_p := C._wrap_flashattn_backward_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.swig_voidp(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_voidp(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11), C.swig_type_41(_swig_i_12))
+	swig_r_p := C._wrap_flashattn_backward_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.swig_voidp(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_voidp(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11), C.swig_type_42(_swig_i_12))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
 	return swig_r_1
 }
 
-func Flashattn_args_init(arg1 *Args) (_swig_ret error) {
+func Flashattn_args_init_sized(arg1 *Args, arg2 int64) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
-	swig_r_p := C._wrap_flashattn_args_init_capi_cf0225e2a673f880(C.swig_voidp(_swig_i_0))
+	_swig_i_1 := arg2
+	swig_r_p := C._wrap_flashattn_args_init_sized_capi_cf0225e2a673f880(C.swig_voidp(_swig_i_0), C.swig_type_44(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -851,7 +855,7 @@ _swig_i_0 = uintptr(arg1)
 _swig_i_1 = unsafe.Pointer(arg2)
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r_p := C._wrap_flashattn_forward_ex_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_46(_swig_i_3))
+	swig_r_p := C._wrap_flashattn_forward_ex_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_48(_swig_i_3))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -866,7 +870,7 @@ _swig_i_0 = uintptr(arg1)
 _swig_i_1 = unsafe.Pointer(arg2)
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r_p := C._wrap_flashattn_backward_ex_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_48(_swig_i_3))
+	swig_r_p := C._wrap_flashattn_backward_ex_capi_cf0225e2a673f880(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_50(_swig_i_3))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 

@@ -118,6 +118,31 @@ func TestBuffersRoundTrip(t *testing.T) {
 	}
 }
 
+// The inits pass the size of the Go structs (the header's), and the _sized functions refuse a
+// size below the first options struct's, writing nothing.
+func TestInitsPassTheStructSize(t *testing.T) {
+	o := Options{Window: 7}
+	if err := Flashattn_options_init(&o); err != nil {
+		t.Fatal(err)
+	}
+	if o.Size != uint64(SizeofOptions) || o.Window != 0 {
+		t.Errorf("options after init: %+v", o)
+	}
+	var a Args
+	if err := Flashattn_args_init(&a); err != nil {
+		t.Fatal(err)
+	}
+	if a.Size != uint64(SizeofArgs) {
+		t.Errorf("args after init: %+v", a)
+	}
+	o.Softcap = 2
+	err := Flashattn_options_init_sized(&o, 8)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != Status(FLASHATTN_ERROR_INVALID_ARGUMENT) || o.Softcap != 2 {
+		t.Errorf("options_init_sized(8): %v, options %+v", err, o)
+	}
+}
+
 func TestArgsBlockHoldsInitializedArgs(t *testing.T) {
 	b, err := NewArgsBlock()
 	if err != nil {

@@ -1206,15 +1206,17 @@ _gostring_ _wrap_flashattn_tensor_lse_capi_cf0225e2a673f880(flashattn_tensor_t *
 }
 
 
-_gostring_ _wrap_flashattn_options_init_capi_cf0225e2a673f880(flashattn_options_t *_swig_go_0) {
+_gostring_ _wrap_flashattn_options_init_sized_capi_cf0225e2a673f880(flashattn_options_t *_swig_go_0, long long _swig_go_1) {
   flashattn_options_t *arg1 = (flashattn_options_t *) 0 ;
+  size_t arg2 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
   
   arg1 = (flashattn_options_t *)_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
   
   {
-    result = (flashattn_status_t)flashattn_options_init(arg1);
+    result = (flashattn_status_t)flashattn_options_init_sized(arg1,arg2);
     if (result != FLASHATTN_SUCCESS) {
       FLASHATTN_SWIG_RAISE(result);
     }
@@ -1403,15 +1405,17 @@ _gostring_ _wrap_flashattn_backward_capi_cf0225e2a673f880(flashattn_context_t _s
 }
 
 
-_gostring_ _wrap_flashattn_args_init_capi_cf0225e2a673f880(flashattn_args_t *_swig_go_0) {
+_gostring_ _wrap_flashattn_args_init_sized_capi_cf0225e2a673f880(flashattn_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_args_t *arg1 = (flashattn_args_t *) 0 ;
+  size_t arg2 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
   
   arg1 = (flashattn_args_t *)_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
   
   {
-    result = (flashattn_status_t)flashattn_args_init(arg1);
+    result = (flashattn_status_t)flashattn_args_init_sized(arg1,arg2);
     if (result != FLASHATTN_SUCCESS) {
       FLASHATTN_SWIG_RAISE(result);
     }

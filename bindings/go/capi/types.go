@@ -15,6 +15,7 @@ import "C"
 import (
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // Status is a flashattn_status_t (FLASHATTN_SUCCESS, FLASHATTN_ERROR_*).
@@ -60,6 +61,14 @@ type Options struct {
 	WindowLeft    int32
 	WindowRight   int32
 	Softcap       float32
+}
+
+// Flashattn_options_init fills o with the defaults, Size included. It is what C's
+// flashattn_options_init(&o) macro expands to, flashattn_options_init_sized with the struct's
+// size, here the size of Options (which is the header's flashattn_options_t: capi_test.go checks
+// the layout), so the library writes exactly the struct Go has.
+func Flashattn_options_init(o *Options) error {
+	return Flashattn_options_init_sized(o, int64(unsafe.Sizeof(Options{})))
 }
 
 // Error is a failing status of the C API and the message flashattn_last_error() gave for it.

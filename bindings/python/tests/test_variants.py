@@ -259,5 +259,11 @@ def test_low_layer_args_struct():
     o = low.flashattn_options_t()
     low.flashattn_options_init(o)
     assert (o.window, o.window_left, o.window_right, o.softcap) == (0, 0, 0, 0.0)
+    # The module's init passes the size of the struct it allocates, window and softcap included
+    # (the first options struct ended after `deterministic`).
+    assert args.size == low.SIZEOF_ARGS and o.size == low.SIZEOF_OPTIONS
+    with pytest.raises(low.Error, match="size 8 is smaller than the first flashattn_options_t"):
+        low.flashattn_options_init_sized(o, 8)
+    assert o.size == low.SIZEOF_OPTIONS
     with pytest.raises(low.Error, match="args is NULL"):
         low.flashattn_forward_ex(flashattn._lib.context_for(-1).handle, None, None, 0)

@@ -460,7 +460,10 @@ fn bindgen_test_layout_flashattn_options() {
 }
 pub type flashattn_options_t = flashattn_options;
 extern "C" {
-    pub fn flashattn_options_init(out: *mut flashattn_options_t) -> flashattn_status_t;
+    pub fn flashattn_options_init_sized(
+        out: *mut flashattn_options_t,
+        size: usize,
+    ) -> flashattn_status_t;
 }
 extern "C" {
     pub fn flashattn_supported(
@@ -856,7 +859,8 @@ fn bindgen_test_layout_flashattn_args() {
 }
 pub type flashattn_args_t = flashattn_args;
 extern "C" {
-    pub fn flashattn_args_init(out: *mut flashattn_args_t) -> flashattn_status_t;
+    pub fn flashattn_args_init_sized(out: *mut flashattn_args_t, size: usize)
+        -> flashattn_status_t;
 }
 extern "C" {
     pub fn flashattn_supported_ex(

@@ -247,8 +247,14 @@ impl Options {
 
     fn raw(&self) -> Result<sys::flashattn_options_t> {
         let mut o = std::mem::MaybeUninit::<sys::flashattn_options_t>::uninit();
-        // SAFETY: options_init fills the whole struct on success.
-        check(unsafe { sys::flashattn_options_init(o.as_mut_ptr()) })?;
+        // SAFETY: given the struct's own size, options_init_sized fills the whole struct on
+        // success (what C's flashattn_options_init(&o) macro passes).
+        check(unsafe {
+            sys::flashattn_options_init_sized(
+                o.as_mut_ptr(),
+                std::mem::size_of::<sys::flashattn_options_t>(),
+            )
+        })?;
         let mut o = unsafe { o.assume_init() };
         o.softmax_scale = self.scale.unwrap_or(0.0);
         o.causal = self.causal as i32;

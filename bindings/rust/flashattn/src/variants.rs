@@ -57,8 +57,11 @@ impl Variants<'_, '_> {
     /// The args struct with the variants and the options filled in.
     fn args(&self, options: &sys::flashattn_options_t) -> Result<sys::flashattn_args_t> {
         let mut a = std::mem::MaybeUninit::<sys::flashattn_args_t>::uninit();
-        // SAFETY: args_init fills the whole struct on success.
-        check(unsafe { sys::flashattn_args_init(a.as_mut_ptr()) })?;
+        // SAFETY: given the struct's own size, args_init_sized fills the whole struct on
+        // success (what C's flashattn_args_init(&a) macro passes).
+        check(unsafe {
+            sys::flashattn_args_init_sized(a.as_mut_ptr(), std::mem::size_of::<sys::flashattn_args_t>())
+        })?;
         let mut a = unsafe { a.assume_init() };
         a.options = options;
         a.alibi_slopes = opt(self.alibi_slopes);
