@@ -21,6 +21,9 @@
 //                  [--quick]                      seqlens 1k, 4k, 16k; dims 64, 128
 //                  [--no-sweep] [--no-gpt2] [--reps N] [--warmup N] [--device N]
 //                  [--csv PATH]                   also write one CSV row per measurement
+//                  [--window L,R] [--softcap C]   the sweep with a sliding window (-1: a side
+//                                                 unbounded) or a softcap; TFLOP/s count only
+//                                                 the visible (query, key) pairs
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,6 +53,9 @@ struct Config {
   bool sweep = true, gpt2 = true;
   int reps = 10, warmup = 3, device = 0;
   std::string csv;
+  bool window = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
 };
 
 struct Shape {
@@ -57,6 +63,9 @@ struct Shape {
   int64_t b, n, h, d;
   bool causal;
   flashattn_dtype_t dtype;
+  bool window = false;  // the sweep's variants (Config)
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
 };
 
 // One measurement: a median time, or why there is none.
@@ -134,6 +143,13 @@ Config parse(int argc, char** argv) {
     else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next()));
     else if (a == "--device") c.device = std::atoi(next());
     else if (a == "--csv") c.csv = next();
+    else if (a == "--window") {
+      const std::vector<int64_t> lr = parse_list(next());
+      if (lr.size() != 2) die("--window takes L,R", argv[i]);
+      c.window = true;
+      c.window_left = static_cast<int>(lr[0]);
+      c.window_right = static_cast<int>(lr[1]);
+    } else if (a == "--softcap") c.softcap = static_cast<float>(std::atof(next()));
     else if (a == "--help" || a == "-h") {
       std::puts("see the comment at the top of examples/cuda/cuda_benchmark.cu");
       std::exit(0);
@@ -209,8 +225,20 @@ double diff(const void* a, const void* b, size_t n, flashattn_dtype_t t, unsigne
 }
 
 double flops_fwd(const Shape& s) {
-  const double f = 4.0 * s.b * s.h * double(s.n) * double(s.n) * s.d;
-  return s.causal ? f / 2 : f;
+  if (!s.window) {
+    const double f = 4.0 * s.b * s.h * double(s.n) * double(s.n) * s.d;
+    return s.causal ? f / 2 : f;
+  }
+  // The (query, key) pairs the window leaves visible, row by row (square, so diag = 0).
+  const int64_t right = s.causal ? (s.window_right < 0 ? 0 : std::min(s.window_right, 0))
+                                 : s.window_right;
+  double pairs = 0.0;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t lo = s.window_left < 0 ? 0 : std::max<int64_t>(0, i - s.window_left);
+    const int64_t hi = right < 0 ? s.n - 1 : std::min<int64_t>(s.n - 1, i + right);
+    if (hi >= lo) pairs += double(hi - lo + 1);
+  }
+  return 4.0 * s.b * s.h * pairs * s.d;
 }
 
 size_t free_bytes() {
@@ -326,6 +354,10 @@ Result run_algo(const Config& cfg, const Shape& s, Buffers& mem, flashattn_algor
   flashattn_options_t opts = FLASHATTN_OPTIONS_INIT;
   opts.causal = s.causal ? 1 : 0;
   opts.algorithm = algo;
+  opts.window = s.window ? 1 : 0;
+  opts.window_left = s.window ? s.window_left : 0;
+  opts.window_right = s.window ? s.window_right : 0;
+  opts.softcap = s.softcap;
 
   flashattn_context_t ctx = nullptr;
   if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, cfg.device) != FLASHATTN_SUCCESS) {
@@ -429,10 +461,19 @@ void csv_rows(FILE* f, const Shape& s, const char* algo, const Result& r) {
 }
 
 void print_row(const Shape& s, const char* algo, const Result& r, double maxdiff) {
-  char shape[64];
-  std::snprintf(shape, sizeof shape, "b%lld h%lld n%lld d%lld%s %s", static_cast<long long>(s.b),
-                static_cast<long long>(s.h), static_cast<long long>(s.n),
-                static_cast<long long>(s.d), s.causal ? " causal" : "", dtype_name(s.dtype));
+  char variants[48] = "";
+  if (s.window) {
+    std::snprintf(variants, sizeof variants, " w%d,%d", s.window_left, s.window_right);
+  }
+  if (s.softcap > 0.0f) {
+    const size_t used = std::strlen(variants);
+    std::snprintf(variants + used, sizeof variants - used, " cap%g", s.softcap);
+  }
+  char shape[96];
+  std::snprintf(shape, sizeof shape, "b%lld h%lld n%lld d%lld%s%s %s",
+                static_cast<long long>(s.b), static_cast<long long>(s.h),
+                static_cast<long long>(s.n), static_cast<long long>(s.d),
+                s.causal ? " causal" : "", variants, dtype_name(s.dtype));
   if (!r.unavailable.empty()) {
     std::printf("%-34s %-8s %s\n", shape, algo, r.unavailable.c_str());
     return;
@@ -525,7 +566,11 @@ int main(int argc, char** argv) {
                         static_cast<long long>(n), static_cast<long long>(d));
             continue;
           }
-          const Shape s{"sweep", 16384 / n, n, 2048 / d, d, causal != 0, cfg.dtype};
+          Shape s{"sweep", 16384 / n, n, 2048 / d, d, causal != 0, cfg.dtype};
+          s.window = cfg.window;
+          s.window_left = cfg.window_left;
+          s.window_right = cfg.window_right;
+          s.softcap = cfg.softcap;
           run_shape(cfg, s, mem, csv);
         }
       }
