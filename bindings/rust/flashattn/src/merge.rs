@@ -1,5 +1,18 @@
 //! Merging partial results of attention by their log-sum-exp (flashattn_merge): the building
 //! block of split-KV decode, cascade inference and context parallelism.
+//!
+//! ```
+//! # use flashattn::ViewMut;
+//! # fn main() -> Result<(), flashattn::Error> {
+//! # let ctx = flashattn::Context::new(flashattn::Backend::Cpu, 0)?;
+//! let (outs, lses) = (vec![1.0f32; 2 * 256], vec![0.0f32; 2 * 32]); // two parts of [1, 16, 2, 8]
+//! let parts = flashattn::Parts::new(&outs, &lses, 2, &[1, 16, 2, 8], &[1, 2, 16])?;
+//! let (mut out, mut lse) = (vec![0f32; 256], vec![0f32; 32]);
+//! ctx.merge(&parts, &mut ViewMut::new(&mut out, &[1, 16, 2, 8])?, Some(&mut ViewMut::new(&mut lse, &[1, 2, 16])?))?;
+//! # assert!(out.iter().all(|&x| x == 1.0) && lse.iter().all(|&l| (l - 2f32.ln()).abs() < 1e-6));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::ptr;
 
