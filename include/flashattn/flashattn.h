@@ -687,8 +687,10 @@ FLASHATTN_API flashattn_status_t flashattn_merge_args_init_sized(flashattn_merge
  * \retval FLASHATTN_SUCCESS
  * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx, args, parts_out, parts_lse or out is NULL; NULL
  *                                           data; num_parts below 1
- * \retval FLASHATTN_ERROR_INVALID_SHAPE     ranks or sizes that disagree
- * \retval FLASHATTN_ERROR_INVALID_DTYPE     out's dtype not parts_out's; an LSE not FLOAT32
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE     ranks or sizes that disagree; a size below 1 or past
+ *                                           2^31 - 1 (num_parts included)
+ * \retval FLASHATTN_ERROR_INVALID_DTYPE     an unknown or integer dtype; out's dtype not
+ *                                           parts_out's; an LSE not FLOAT32
  * \retval FLASHATTN_ERROR_INVALID_STRIDE    negative strides (part strides included), a last
  *                                           stride of parts_out or out not 1, an output that
  *                                           overlaps itself, a view past 2^56 bytes
