@@ -910,6 +910,9 @@ BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<Checked
 
 namespace {
 
+// The most bytes a parts view may span, as any one view (check_view).
+constexpr uint64_t kMaxSpanBytes = uint64_t(1) << 56;
+
 // One part of a parts view: the first part's view moved by `part` part strides.
 flashattn_tensor_t part_view(const flashattn_tensor_t* first, int64_t part, int64_t stride,
                              size_t elem) {
@@ -924,7 +927,7 @@ CheckedView all_parts(CheckedView first, const char* name, int64_t parts, int64_
   if (__builtin_mul_overflow(parts - 1, stride, &last_offset) ||
       __builtin_mul_overflow(last_offset, static_cast<int64_t>(first.elem_size), &last_offset) ||
       __builtin_add_overflow(last_offset, static_cast<int64_t>(first.extent_bytes), &extent) ||
-      static_cast<uint64_t>(extent) > (uint64_t(1) << 56)) {
+      static_cast<uint64_t>(extent) > kMaxSpanBytes) {
     fail(FLASHATTN_ERROR_INVALID_STRIDE,
          "%s: %lld parts %lld elements apart span more than 2^56 bytes", name,
          static_cast<long long>(parts), static_cast<long long>(stride));

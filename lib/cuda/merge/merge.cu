@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math_constants.h>
 
 namespace flashattn {
 namespace cuda {
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(MergeParams p) 
   const int group_lane = lane % p.group;
   const int groups_per_block = kThreadsPerBlock / p.group;
   const int64_t group_in_block = threadIdx.x / p.group;
-  const float kInf = __int_as_float(0x7f800000);
+  const float kInf = CUDART_INF_F;
   const T* parts_out = static_cast<const T*>(p.parts_out);
   T* out = static_cast<T*>(p.out);
   // Block-uniform bounds, so every lane of a warp runs every iteration and reaches the shuffles
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(MergeParams p) 
       T* dst_row = out + b * p.dst_batch_stride + n * p.dst_seq_stride + h * p.dst_head_stride;
       const float inv_sum = finite ? 1.0f / sum : 0.0f;  // sum >= 1 when finite
       // No part sees a key: 0; a NaN or +inf LSE: NaN (see the header).
-      const float fill = m == -kInf ? 0.0f : __int_as_float(0x7fc00000);
+      const float fill = m == -kInf ? 0.0f : CUDART_NAN_F;
       for (int64_t d = int64_t(group_lane) * V; d < p.head_dim; d += int64_t(p.group) * V) {
         Pack<T, V> result;
         if (finite) {
