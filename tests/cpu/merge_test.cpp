@@ -343,6 +343,36 @@ TEST_SUITE("cpu_merge_exact") {
     const flashattn_merge_args_t m = FLASHATTN_MERGE_ARGS_INIT;
     CHECK(std::memcmp(&a, &m, sizeof a) == 0);
     CHECK(flashattn_merge_args_init_sized(&a, 8) == FLASHATTN_ERROR_INVALID_ARGUMENT);
+    // The initializer writes only the caller's struct: guard bytes after it stay as they were.
+    constexpr unsigned char kGuard = 0xC3;
+    alignas(flashattn_merge_args_t) unsigned char storage[sizeof(flashattn_merge_args_t) + 64];
+    std::memset(storage, kGuard, sizeof storage);
+    REQUIRE(flashattn_merge_args_init_sized(reinterpret_cast<flashattn_merge_args_t*>(storage),
+                                            sizeof(flashattn_merge_args_t)) == FLASHATTN_SUCCESS);
+    for (size_t i = sizeof(flashattn_merge_args_t); i < sizeof storage; ++i) {
+      CHECK(storage[i] == kGuard);
+    }
+    // A newer caller's larger struct: zeros past the fields this library knows, accepted back.
+    REQUIRE(flashattn_merge_args_init_sized(reinterpret_cast<flashattn_merge_args_t*>(storage),
+                                            sizeof(flashattn_merge_args_t) + 16) ==
+            FLASHATTN_SUCCESS);
+    for (size_t i = sizeof(flashattn_merge_args_t); i < sizeof(flashattn_merge_args_t) + 16; ++i) {
+      CHECK(storage[i] == 0);
+    }
+    CHECK(storage[sizeof(flashattn_merge_args_t) + 16] == kGuard);
+    {
+      // That larger struct merges while its unknown bytes are 0, and is refused once one is set.
+      CpuContext larger;
+      HandParts hp(2, 1, 4);
+      const flashattn_merge_args_t known = hp.args();
+      std::memcpy(storage + sizeof(size_t), reinterpret_cast<const unsigned char*>(&known) +
+                  sizeof(size_t), sizeof known - sizeof(size_t));
+      const auto* newer = reinterpret_cast<const flashattn_merge_args_t*>(storage);
+      CHECK(flashattn_merge(larger.get(), newer) == FLASHATTN_SUCCESS);
+      storage[sizeof(flashattn_merge_args_t) + 3] = 1;
+      CHECK(flashattn_merge(larger.get(), newer) == FLASHATTN_ERROR_UNSUPPORTED);
+      CHECK(std::string(flashattn_last_error()).find("need a newer flashattn") != std::string::npos);
+    }
     CHECK(flashattn_merge_args_init_sized(nullptr, sizeof a) == FLASHATTN_ERROR_INVALID_ARGUMENT);
     CHECK(flashattn_merge(nullptr, &a) == FLASHATTN_ERROR_INVALID_ARGUMENT);
     CpuContext ctx;
