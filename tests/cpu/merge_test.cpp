@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -136,6 +137,18 @@ TEST_SUITE("cpu_merge") {
     }
     // head_dim 256 is one chunk of the accumulator exactly.
     run(split(F32, 1, 6, 20, 1, 1, 256, false, {0, 7, 20}));
+  }
+
+  TEST_CASE("every instruction set's copy of the merge") {
+    // FLASHATTN_CPU_ISA lowers the instruction set a context created after it picks.
+    for (const char* isa : {"generic", "avx2", "avx512"}) {
+      INFO("FLASHATTN_CPU_ISA=", isa);
+      setenv("FLASHATTN_CPU_ISA", isa, 1);
+      for (flashattn_dtype_t dtype : kDtypes) {
+        run(split(dtype, 1, 9, 40, 2, 1, 48, true, {0, 13, 13, 40}));
+      }
+      unsetenv("FLASHATTN_CPU_ISA");
+    }
   }
 
   TEST_CASE("the result does not depend on the thread count") {
