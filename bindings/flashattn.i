@@ -74,18 +74,29 @@
 %noexception flashattn_args::cu_seqlens_k;
 %noexception flashattn_args::max_seqlen_q;
 %noexception flashattn_args::max_seqlen_k;
+%noexception flashattn_merge_args;
+%noexception flashattn_merge_args::~flashattn_merge_args;
+%noexception flashattn_merge_args::size;
+%noexception flashattn_merge_args::num_parts;
+%noexception flashattn_merge_args::parts_out;
+%noexception flashattn_merge_args::parts_out_stride;
+%noexception flashattn_merge_args::parts_lse;
+%noexception flashattn_merge_args::parts_lse_stride;
+%noexception flashattn_merge_args::out;
+%noexception flashattn_merge_args::lse;
 
 /* 0 or 1 depending on how the library was built, so a generated binding would depend on the
  * build too: callers ask the loaded library with flashattn_has_cuda(). */
 %ignore FLASHATTN_HAS_CUDA;
-/* C initializer lists, not values. Nor are flashattn_options_init(out) and flashattn_args_init(out)
- * wrapped: they are function-like macros passing sizeof(*out) to flashattn_options_init_sized and
+/* C initializer lists, not values. Nor are flashattn_options_init(out), flashattn_args_init(out)
+ * and flashattn_merge_args_init(out) wrapped: they are function-like macros passing sizeof(*out) to flashattn_options_init_sized and
  * flashattn_args_init_sized, and SWIG wraps no such macro. Each binding calls the _sized
  * functions with the size of the struct it was compiled with (its own counterpart of the macros:
  * Python's flashattn_swig.flashattn_options_init, Go's capi.Flashattn_options_init), so the
  * library never writes past a binding's struct nor reads a field the binding does not have. */
 %ignore FLASHATTN_OPTIONS_INIT;
 %ignore FLASHATTN_ARGS_INIT;
+%ignore FLASHATTN_MERGE_ARGS_INIT;
 
 %include <flashattn/version.h>
 %include <flashattn/flashattn.h>

@@ -557,3 +557,55 @@ func boolFlag(b bool) int {
 	}
 	return 0
 }
+
+// Parts are the partial results that Merge combines: attention over parts of the keys, part p's
+// output normalized over that part's keys, and its LSE. They are one strided view with a
+// leading parts dimension, given as part 0's views and the element strides from one part to the
+// next (PartsBackToBack lays them one after another).
+type Parts struct {
+	Count int // the number of parts, >= 1
+	// Out is part 0's output [batch, seqlen, heads, head_dim] (a variable-length batch:
+	// [total_tokens, heads, head_dim]); OutStride the elements from one part's output to the
+	// next's.
+	Out       Tensor
+	OutStride int64
+	// LSE is part 0's Float32 LSE [batch, heads, seqlen] ([heads, total_tokens]); LSEStride the
+	// elements from one part's LSE to the next's.
+	LSE       Tensor
+	LSEStride int64
+}
+
+// PartsBackToBack are count parts one after another from the start of out's and lse's views,
+// which must be contiguous (no Strides).
+func PartsBackToBack(count int, out, lse Tensor) Parts {
+	return Parts{Count: count, Out: out, OutStride: int64(elements(out.Shape)), LSE: lse,
+		LSEStride: int64(elements(lse.Shape))}
+}
+
+// Merge combines the parts by their LSE into out (part 0's shape and dtype) and, when lse is not
+// nil, the merged LSE: lse = log(sum_p exp(lse_p)), out = sum_p exp(lse_p - lse) out_p, in
+// float32, rounded once. A part whose LSE is -inf adds nothing; a row whose parts are all -inf
+// gets 0 and -inf; a NaN LSE makes its row NaN, +inf gives LSE +inf and a NaN output. out and
+// lse may be one part's own views (in place); nothing else may overlap the parts. On a CUDA
+// context it is enqueued on the context's stream.
+func (c *Context) Merge(p Parts, out Tensor, lse *Tensor) error {
+	ts := []*Tensor{&p.Out, &p.LSE, &out, lse}
+	r, err := raws([]string{"parts_out", "parts_lse", "out", "lse"}, ts)
+	if err != nil {
+		return err
+	}
+	block, err := capi.NewMergeBlock()
+	if err != nil {
+		return err
+	}
+	defer block.Free()
+	for i, t := range r {
+		block.SetTensor(capi.MergeTensor(i), t)
+	}
+	a := block.Args()
+	a.NumParts, a.PartsOutStride, a.PartsLseStride = int64(p.Count), p.OutStride, p.LSEStride
+	err = capi.Flashattn_merge(c.h, a)
+	keepAlive(ts)
+	runtime.KeepAlive(c)
+	return err
+}

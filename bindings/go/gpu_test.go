@@ -3,6 +3,7 @@ package flashattn
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 )
@@ -133,5 +134,40 @@ func TestGPUBuffersAndErrors(t *testing.T) {
 	if err := gpu.Forward(f32, f32, f32, out.View(Float32, 1, 32, 2, 64), nil, nil); !errors.As(err, &e) ||
 		!strings.HasPrefix(e.Message, "flashattn_forward: ") {
 		t.Errorf("float32 on the GPU: %v", err)
+	}
+}
+
+// Merge on a CUDA context against the CPU backend's merge of the same parts: the same
+// arithmetic in float32, so at most one unit in the last place of the dtype apart.
+func TestGPUMerge(t *testing.T) {
+	gpu := gpuContext(t)
+	cpu := cpuContext(t)
+	d := Dims{Batch: 2, SeqLenQ: 33, SeqLenK: 1, HeadsQ: 4, HeadsKV: 4, HeadDim: 64}
+	const parts = 5
+	for _, dtype := range []DType{Float16, BFloat16} {
+		p := newProblem(Dims{Batch: parts * d.Batch, SeqLenQ: d.SeqLenQ, SeqLenK: 1, HeadsQ: d.HeadsQ, HeadsKV: d.HeadsQ, HeadDim: d.HeadDim}, dtype, 11)
+		outs := to16(p.q, dtype)
+		lses := make([]float32, parts*elements(d.lse()))
+		for i := range lses {
+			lses[i] = float32(p.k[i%len(p.k)] * 3)
+			if i%7 == 0 {
+				lses[i] = float32(math.Inf(-1))
+			}
+		}
+		gOut, gLSE, err := gpu.MergeParts16(dtype, d, parts, outs, lses)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cOut, cLSE, err := cpu.MergeParts16(dtype, d, parts, outs, lses)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ulp := map[DType]float64{Float16: 1.0 / 1024, BFloat16: 1.0 / 128}[dtype]
+		if e := maxError(from16(gOut, dtype), from16(cOut, dtype)); e > ulp*8 { // one unit in the last place of values up to 8
+			t.Errorf("dtype %d: GPU and CPU merges differ by %g", dtype, e)
+		}
+		if e := maxError(from32(gLSE), from32(cLSE)); e > 1e-5 {
+			t.Errorf("dtype %d: GPU and CPU merged LSEs differ by %g", dtype, e)
+		}
 	}
 }

@@ -333,3 +333,42 @@ func (c *Context) AttentionBackwardEx(d Dims, q, k, v, out, dout, lse []float32,
 	}
 	return dq, dk, dv, dsinks, nil
 }
+
+func mergeHost[T float32 | uint16](c *Context, dtype DType, d Dims, parts int, outs []T, lses []float32) ([]T, []float32, error) {
+	if err := d.check(); err != nil {
+		return nil, nil, err
+	}
+	if parts < 1 {
+		return nil, nil, &Error{Status: StatusInvalidArgument, Message: fmt.Sprintf("parts is %d, must be >= 1", parts)}
+	}
+	// The parts as [parts * Batch, ...]: part p holds batch entries p * Batch onwards.
+	stacked := func(shape []int64) []int64 {
+		return append([]int64{int64(parts) * shape[0]}, shape[1:]...)
+	}
+	out := make([]T, elements(d.out()))
+	lse := make([]float32, elements(d.lse()))
+	err := c.run(
+		[]host{hostOf("parts_out", outs, stacked(d.out()), dtype), hostOf("parts_lse", lses, stacked(d.lse()), Float32)},
+		[]host{hostOf("out", out, d.out(), dtype), hostOf("lse", lse, d.lse(), Float32)},
+		func(in, o []Tensor) error {
+			first, firstLSE := in[0], in[1]
+			first.Shape, firstLSE.Shape = d.out(), d.lse()
+			return c.Merge(PartsBackToBack(parts, first, firstLSE), o[0], &o[1])
+		})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, lse, nil
+}
+
+// MergeParts merges float32 partial results in host memory (see Merge): outs holds `parts`
+// outputs [Batch, SeqLenQ, HeadsQ, HeadDimV] one after another, lses their LSEs [Batch, HeadsQ,
+// SeqLenQ]; it returns the merged output and LSE. SeqLenK is not used.
+func (c *Context) MergeParts(d Dims, parts int, outs, lses []float32) (out, lse []float32, err error) {
+	return mergeHost(c, Float32, d, parts, outs, lses)
+}
+
+// MergeParts16 is MergeParts for Float16 or BFloat16 outputs, given as their bits.
+func (c *Context) MergeParts16(dtype DType, d Dims, parts int, outs []uint16, lses []float32) (out []uint16, lse []float32, err error) {
+	return mergeHost(c, dtype, d, parts, outs, lses)
+}

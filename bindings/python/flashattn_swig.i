@@ -173,10 +173,12 @@ FLASHATTN_SCALAR_OUT(void *, PyLong_FromVoidPtr)
 flashattn_options_t *options_at(void *address);
 
 /* The sizes of the structs as this module was compiled (those its proxies allocate). In C,
- * flashattn_options_init(&o) and flashattn_args_init(&a) are macros that pass sizeof(o) to the
- * _sized functions; SWIG wraps no function-like macro, so the module defines them below. */
+ * flashattn_options_init(&o), flashattn_args_init(&a) and flashattn_merge_args_init(&m) are
+ * macros that pass sizeof(o) to the _sized functions; SWIG wraps no function-like macro, so the
+ * module defines them below. */
 %constant size_t SIZEOF_OPTIONS = sizeof(flashattn_options_t);
 %constant size_t SIZEOF_ARGS = sizeof(flashattn_args_t);
+%constant size_t SIZEOF_MERGE_ARGS = sizeof(flashattn_merge_args_t);
 
 %pythoncode %{
 def flashattn_options_init(options):
@@ -189,6 +191,12 @@ def flashattn_args_init(args):
     """Fills a flashattn_args_t proxy with the defaults, size included: C's
     flashattn_args_init(&a), that is flashattn_args_init_sized(a, SIZEOF_ARGS)."""
     flashattn_args_init_sized(args, SIZEOF_ARGS)
+
+
+def flashattn_merge_args_init(args):
+    """Fills a flashattn_merge_args_t proxy with the defaults, size included: C's
+    flashattn_merge_args_init(&m), that is flashattn_merge_args_init_sized(m, SIZEOF_MERGE_ARGS)."""
+    flashattn_merge_args_init_sized(args, SIZEOF_MERGE_ARGS)
 
 
 class Error(RuntimeError):

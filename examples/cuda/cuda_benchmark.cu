@@ -24,6 +24,10 @@
 //                  [--window L,R] [--softcap C]   the sweep with a sliding window (-1: a side
 //                                                 unbounded) or a softcap; TFLOP/s count only
 //                                                 the visible (query, key) pairs
+//                  [--merge]                      the merge of partial results (flashattn_merge):
+//                                                 GB/s of the bytes it must move, for decode
+//                                                 (split-KV) and long-sequence shapes; alone, it
+//                                                 skips the attention tables
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,7 +54,7 @@ struct Config {
   std::vector<int64_t> dims = {64, 128, 256};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<int> causal = {0, 1};
-  bool sweep = true, gpt2 = true;
+  bool sweep = true, gpt2 = true, merge = false;
   int reps = 10, warmup = 3, device = 0;
   std::string csv;
   bool window = false;
@@ -139,6 +143,7 @@ Config parse(int argc, char** argv) {
       c.dims = {64, 128};
     } else if (a == "--no-sweep") c.sweep = false;
     else if (a == "--no-gpt2") c.gpt2 = false;
+    else if (a == "--merge") c.merge = true;
     else if (a == "--reps") c.reps = std::max(1, std::atoi(next()));
     else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next()));
     else if (a == "--device") c.device = std::atoi(next());
@@ -157,6 +162,7 @@ Config parse(int argc, char** argv) {
       die("unknown argument", a.c_str());
     }
   }
+  if (c.merge && !c.fwd && !c.bwd && !c.fwdbwd) c.sweep = c.gpt2 = false;
   if (!c.fwd && !c.bwd && !c.fwdbwd) c.fwd = c.bwd = c.fwdbwd = true;
   return c;
 }
@@ -529,6 +535,84 @@ Pair run_shape(const Config& cfg, const Shape& s, Buffers& mem, FILE* csv) {
 
 }  // namespace
 
+// The merge of `parts` partial results [parts, b, n, h, d] (and their LSEs) into one, timed as
+// the attention calls are; GB/s counts the bytes it must move: every part's output and LSE read
+// once, the merged output and LSE written once.
+void run_merge(const Config& cfg, FILE* csv) {
+  struct MergeShape {
+    const char* label;
+    int64_t parts, b, n, h, d;
+  };
+  const MergeShape shapes[] = {
+      {"decode", 2, 64, 1, 32, 128},    {"decode", 8, 64, 1, 32, 128},
+      {"decode", 16, 8, 1, 32, 128},    {"decode", 32, 1, 1, 32, 128},
+      {"decode", 4, 128, 1, 8, 64},     {"long", 2, 1, 16384, 16, 128},
+      {"long", 4, 1, 16384, 16, 128},   {"long", 2, 4, 4096, 16, 64},
+      {"long", 2, 1, 8192, 8, 256},     {"long", 3, 2, 4097, 12, 80},
+  };
+  flashattn_context_t ctx = nullptr;
+  if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, cfg.device) != FLASHATTN_SUCCESS) {
+    die("flashattn_context_create", flashattn_last_error());
+  }
+  void* stream = nullptr;
+  flashattn_context_get_stream(&stream, ctx);
+  std::printf("merge of partial results (%s): median ms and GB/s of the bytes moved\n",
+              dtype_name(cfg.dtype));
+  std::printf("%-7s %5s %5s %6s %4s %4s %10s %9s\n", "shape", "parts", "batch", "seqlen",
+              "heads", "dim", "ms", "GB/s");
+  for (const MergeShape& m : shapes) {
+    const size_t elems = size_t(m.b * m.n * m.h * m.d), rows = size_t(m.b * m.n * m.h);
+    void *parts = nullptr, *out = nullptr;
+    float *parts_lse = nullptr, *lse = nullptr;
+    cuda_check(cudaMalloc(&parts, elems * m.parts * 2), "cudaMalloc (parts)");
+    cuda_check(cudaMalloc(&out, elems * 2), "cudaMalloc (out)");
+    cuda_check(cudaMalloc(&parts_lse, rows * m.parts * sizeof(float)), "cudaMalloc (lse)");
+    cuda_check(cudaMalloc(&lse, rows * sizeof(float)), "cudaMalloc (lse)");
+    fill(parts, elems * m.parts, cfg.dtype, 5);
+    // LSEs of a few units: the weights differ from part to part, none underflows.
+    fill_normal<<<1024, 256>>>(parts_lse, rows * m.parts, 6);
+    cuda_check(cudaDeviceSynchronize(), "fill");
+    flashattn_tensor_t first{}, first_lse{}, o{}, l{};
+    flashattn_tensor_4d(&first, parts, cfg.dtype, m.b, m.n, m.h, m.d);
+    flashattn_tensor_4d(&o, out, cfg.dtype, m.b, m.n, m.h, m.d);
+    flashattn_tensor_lse(&first_lse, parts_lse, m.b, m.h, m.n);
+    flashattn_tensor_lse(&l, lse, m.b, m.h, m.n);
+    flashattn_merge_args_t args;
+    flashattn_merge_args_init(&args);
+    args.num_parts = m.parts;
+    args.parts_out = &first;
+    args.parts_out_stride = static_cast<int64_t>(elems);
+    args.parts_lse = &first_lse;
+    args.parts_lse_stride = static_cast<int64_t>(rows);
+    args.out = &o;
+    args.lse = &l;
+    const Measure t = time_it(cfg, static_cast<cudaStream_t>(stream),
+                              [&] { return flashattn_merge(ctx, &args); });
+    const double bytes = double(elems) * 2 * (m.parts + 1) + double(rows) * 4 * (m.parts + 1);
+    if (t.ok) {
+      std::printf("%-7s %5lld %5lld %6lld %4lld %4lld %10.4f %9.0f\n", m.label,
+                  static_cast<long long>(m.parts), static_cast<long long>(m.b),
+                  static_cast<long long>(m.n), static_cast<long long>(m.h),
+                  static_cast<long long>(m.d), t.ms, bytes / (t.ms * 1e-3) / kGB);
+    } else {
+      std::printf("%-7s %5lld: %s\n", m.label, static_cast<long long>(m.parts), t.why.c_str());
+    }
+    if (csv != nullptr) {
+      std::fprintf(csv, "merge-%s-%lldparts,%s,%lld,%lld,%lld,%lld,0,merge,merge,%.6f,0,0,%.0f,0,%s\n",
+                   m.label, static_cast<long long>(m.parts), dtype_name(cfg.dtype),
+                   static_cast<long long>(m.b), static_cast<long long>(m.n),
+                   static_cast<long long>(m.h), static_cast<long long>(m.d), t.ok ? t.ms : 0.0,
+                   bytes, t.ok ? "ok" : t.why.c_str());
+    }
+    cudaFree(parts);
+    cudaFree(out);
+    cudaFree(parts_lse);
+    cudaFree(lse);
+  }
+  flashattn_context_destroy(ctx);
+  std::printf("\n");
+}
+
 int main(int argc, char** argv) {
   const Config cfg = parse(argc, argv);
   int devices = 0;
@@ -596,6 +680,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (cfg.merge) run_merge(cfg, csv);
   mem.release();
   if (csv != nullptr) std::fclose(csv);
   return 0;

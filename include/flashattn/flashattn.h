@@ -613,6 +613,98 @@ FLASHATTN_API flashattn_status_t flashattn_backward_ex(flashattn_context_t ctx,
                                                        const flashattn_args_t *args,
                                                        void *workspace, size_t workspace_size);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Merging partial results. Attention over a key range split into parts gives, per part p, an
+ * output O_p (normalized over that part's keys) and its log-sum-exp LSE_p. The result over the
+ * union of the parts is, per query row,
+ *   LSE = log(sum_p e^{LSE_p}),   O = sum_p e^{LSE_p - LSE} O_p,
+ * what split-KV decode computes inside and cascade inference (a shared prefix and each
+ * sequence's own keys) and context parallelism (ring attention) need outside.
+ *
+ * Layout of the parts: one strided view with a leading parts dimension, [parts, batch, seqlen,
+ * heads, head_dim] for the outputs and [parts, batch, heads, seqlen] for the LSEs, given as the
+ * first part's view (rank 4, as a forward's out; rank 3, as its lse) and the element stride from
+ * one part to the next. Why one view and not an array of pointers: a forward writes out and lse
+ * into any strided view, so the parts can be written straight into slices of one buffer; one
+ * view keeps the call free of per-part descriptors, so any number of parts merges in one launch,
+ * with no workspace and no table of pointers to copy to the device. (flashattn_tensor_t holds at
+ * most FLASHATTN_MAX_RANK dimensions and cannot grow, hence the count and strides beside it.)
+ * Variable-length batches merge too: parts_out of rank 3, [total_tokens, heads, head_dim], and
+ * parts_lse of rank 2, [heads, total_tokens], as flashattn_forward_ex writes them.
+ *
+ * Arithmetic, per row: m = max_p LSE_p, w_p = e^{LSE_p - m} (so no difference of LSEs can
+ * overflow), accumulated in fp32 and rounded once into out's dtype:
+ *  - a part with LSE -inf (its keys all hidden from the row, or no keys) adds nothing, whatever
+ *    its output holds; a row whose parts are all -inf gets output 0 and LSE -inf, never NaN;
+ *  - a NaN LSE in any part makes the row's output and LSE NaN;
+ *  - otherwise a +inf LSE (a forward gives it only from infinite scores) makes the row's LSE
+ *    +inf and its output NaN: the parts' weights are undefined.
+ * NaN or infinite values in a part's output reach the row's output as the arithmetic gives,
+ * unless that part's weight is 0.
+ *
+ * In-place use: out may be exactly one part's output (data at that part's address, the same
+ * shape and strides), and lse exactly one part's LSE, e.g. to fold each new part of a ring into
+ * a running result held as part 0: each element is read before it is written. Any other overlap
+ * of out or lse with the parts, or with each other, is refused (FLASHATTN_ERROR_INVALID_MEMORY). */
+
+typedef struct flashattn_merge_args {
+  size_t size;                          /* sizeof(flashattn_merge_args_t) as the caller compiled
+                                           it; read as flashattn_args_t is */
+  int64_t num_parts;                    /* >= 1 */
+  const flashattn_tensor_t *parts_out;  /* read: part 0's output, [B, N, H, D] (any strides,
+                                           the last 1); FLOAT16 or BFLOAT16 (FLOAT32 too on the
+                                           CPU) */
+  int64_t parts_out_stride;             /* elements from one part's output to the next's, >= 0;
+                                           part p's element (b, n, h, d) is at
+                                           data + p * parts_out_stride + the view's offset */
+  const flashattn_tensor_t *parts_lse;  /* read: part 0's LSE, [B, H, N] FLOAT32 */
+  int64_t parts_lse_stride;             /* elements from one part's LSE to the next's, >= 0 */
+  const flashattn_tensor_t *out;        /* written: [B, N, H, D] in parts_out's dtype */
+  const flashattn_tensor_t *lse;        /* written: [B, H, N] FLOAT32; NULL: not wanted */
+} flashattn_merge_args_t;
+
+#define FLASHATTN_MERGE_ARGS_INIT \
+  { sizeof(flashattn_merge_args_t), 0, NULL, 0, NULL, 0, NULL, NULL }
+
+/* Fills the first `size` bytes of *out with the defaults (what FLASHATTN_MERGE_ARGS_INIT gives:
+ * every pointer NULL, every count and stride 0) and sets out->size = size; `size` is handled
+ * as by flashattn_options_init_sized.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL; size below the first
+ *                                           flashattn_merge_args_t, inside a field or above
+ *                                           4096 (nothing is written) */
+FLASHATTN_API flashattn_status_t flashattn_merge_args_init_sized(flashattn_merge_args_t *out,
+                                                                 size_t size);
+
+/* flashattn_merge_args_init(out): fills *out, a flashattn_merge_args_t of this header, with the
+ * defaults (there is no exported function of this name; see flashattn_args_init). */
+#define flashattn_merge_args_init(out) flashattn_merge_args_init_sized((out), sizeof(*(out)))
+
+/* Merges the parts that `args` describes into out (and lse when given). Needs no workspace.
+ * Memory: every view in the context's memory, owned by the caller; the library keeps no
+ * pointer. Stream: enqueued on the context's stream (CUDA), with no allocation; done on return
+ * (CPU). Outputs: untouched on every 1xx and 2xx status; undefined after a 4xx/5xx one.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  ctx, args, parts_out, parts_lse or out is NULL; NULL
+ *                                           data; num_parts below 1
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE     ranks or sizes that disagree; a size below 1 or past
+ *                                           2^31 - 1 (num_parts included)
+ * \retval FLASHATTN_ERROR_INVALID_DTYPE     an unknown or integer dtype; out's dtype not
+ *                                           parts_out's; an LSE not FLOAT32
+ * \retval FLASHATTN_ERROR_INVALID_STRIDE    negative strides (part strides included), a last
+ *                                           stride of parts_out or out not 1, an output that
+ *                                           overlaps itself, a view past 2^56 bytes
+ * \retval FLASHATTN_ERROR_INVALID_MEMORY    a pointer not in the context's memory or not aligned
+ *                                           to its elements, a view past its buffer's end, an
+ *                                           output sharing memory with anything other than the
+ *                                           in-place case above
+ * \retval FLASHATTN_ERROR_CONTEXT_BUSY      another thread is using ctx
+ * \retval FLASHATTN_ERROR_UNSUPPORTED       FLOAT32 on CUDA; fields of args past those this
+ *                                           library knows are set
+ * \retval FLASHATTN_ERROR_DEVICE            the launch failed */
+FLASHATTN_API flashattn_status_t flashattn_merge(flashattn_context_t ctx,
+                                                 const flashattn_merge_args_t *args);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

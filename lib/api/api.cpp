@@ -228,6 +228,15 @@ void backward(ContextState& state, const flashattn_args_t& args, void* workspace
   state.backend->backward(a, ws);
 }
 
+void merge(ContextState& state, const flashattn_merge_args_t& args) {
+  std::vector<CheckedView> views;
+  const MergeArgs a = validate_merge(args, &views);
+  state.backend->check_merge_supported(a.dtype);
+  ContextUse use(state);
+  check_memory(state, views);
+  state.backend->merge(a);
+}
+
 }  // namespace
 }  // namespace flashattn
 
@@ -630,6 +639,22 @@ FLASHATTN_API flashattn_status_t flashattn_backward_ex(flashattn_context_t ctx,
   return guarded(__func__, [&] {
     ContextState& state = state_of(ctx);
     backward(state, read_args(args), workspace, workspace_size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_merge_args_init_sized(flashattn_merge_args_t* out,
+                                                                 size_t size) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    init_merge_args_sized(out, size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_merge(flashattn_context_t ctx,
+                                                 const flashattn_merge_args_t* args) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    merge(state, read_merge_args(args));
   });
 }
 

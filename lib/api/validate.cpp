@@ -390,6 +390,16 @@ constexpr size_t kArgsFieldEnds[] = {
     FLASHATTN_FIELD_END(flashattn_args_t, max_seqlen_k),
 };
 
+constexpr size_t kMergeArgsFieldEnds[] = {
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, num_parts),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, parts_out),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, parts_out_stride),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, parts_lse),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, parts_lse_stride),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, out),
+    FLASHATTN_FIELD_END(flashattn_merge_args_t, lse),
+};
+
 #undef FLASHATTN_FIELD_END
 
 static_assert(kOptionsFieldEnds[sizeof(kOptionsFieldEnds) / sizeof(size_t) - 1] ==
@@ -426,6 +436,20 @@ constexpr StructInfo kOptionsInfo{"options",
                                   sizeof(flashattn_options_t),
                                   kOptionsFieldEnds,
                                   sizeof(kOptionsFieldEnds) / sizeof(size_t)};
+// The first flashattn_merge_args_t: it has not grown yet; when it does, this stays the end of
+// its `lse` field.
+constexpr size_t kMergeArgsFirstSize = sizeof(flashattn_merge_args_t);
+static_assert(kMergeArgsFieldEnds[sizeof(kMergeArgsFieldEnds) / sizeof(size_t) - 1] ==
+                  sizeof(flashattn_merge_args_t),
+              "the last field of flashattn_merge_args_t is listed");
+
+constexpr StructInfo kMergeArgsInfo{"args",
+                                    "flashattn_merge_args_t",
+                                    "flashattn_merge_args_init() or FLASHATTN_MERGE_ARGS_INIT",
+                                    kMergeArgsFirstSize,
+                                    sizeof(flashattn_merge_args_t),
+                                    kMergeArgsFieldEnds,
+                                    sizeof(kMergeArgsFieldEnds) / sizeof(size_t)};
 constexpr StructInfo kArgsInfo{"args",
                                "flashattn_args_t",
                                "flashattn_args_init() or FLASHATTN_ARGS_INIT",
@@ -549,6 +573,20 @@ flashattn_args_t read_args(const flashattn_args_t* args) {
   read_sized(kArgsInfo, args, &a);
   a.size = sizeof(a);
   return a;
+}
+
+flashattn_merge_args_t read_merge_args(const flashattn_merge_args_t* args) {
+  if (args == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args is NULL");
+  flashattn_merge_args_t a;
+  std::memset(&a, 0, sizeof a);
+  read_sized(kMergeArgsInfo, args, &a);
+  a.size = sizeof(a);
+  return a;
+}
+
+void init_merge_args_sized(flashattn_merge_args_t* out, size_t size) {
+  const flashattn_merge_args_t defaults = FLASHATTN_MERGE_ARGS_INIT;
+  write_sized(kMergeArgsInfo, &defaults, out, size);
 }
 
 void init_options_sized(flashattn_options_t* out, size_t size) {
@@ -866,6 +904,158 @@ BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<Checked
   a.variants = variant_views(args);
   a.dsinks = vector_view<float>(args.dsinks);
   return a;
+}
+
+// ---- Merge ----------------------------------------------------------------------------------
+
+namespace {
+
+// The most bytes a parts view may span, as any one view (check_view).
+constexpr uint64_t kMaxSpanBytes = uint64_t(1) << 56;
+
+// One part of a parts view: the first part's view moved by `part` part strides.
+flashattn_tensor_t part_view(const flashattn_tensor_t* first, int64_t part, int64_t stride,
+                             size_t elem) {
+  flashattn_tensor_t t = *first;
+  t.data = static_cast<char*>(first->data) + part * stride * static_cast<int64_t>(elem);
+  return t;
+}
+
+// The view of every part, its extent covering the last part: what the memory checks look at.
+CheckedView all_parts(CheckedView first, const char* name, int64_t parts, int64_t stride) {
+  int64_t last_offset, extent;
+  if (__builtin_mul_overflow(parts - 1, stride, &last_offset) ||
+      __builtin_mul_overflow(last_offset, static_cast<int64_t>(first.elem_size), &last_offset) ||
+      __builtin_add_overflow(last_offset, static_cast<int64_t>(first.extent_bytes), &extent) ||
+      static_cast<uint64_t>(extent) > kMaxSpanBytes) {
+    fail(FLASHATTN_ERROR_INVALID_STRIDE,
+         "%s: %lld parts %lld elements apart span more than 2^56 bytes", name,
+         static_cast<long long>(parts), static_cast<long long>(stride));
+  }
+  first.name = name;
+  first.extent_bytes = static_cast<size_t>(extent);
+  return first;
+}
+
+bool same_view(const flashattn_tensor_t& a, const flashattn_tensor_t& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.shape[i] != b.shape[i] || a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
+
+// An output against every part of a parts view: it may be one part exactly (in place: each
+// element is read before it is written, by the same thread), or share no byte with it.
+void check_output_against_parts(const CheckedView& output, const CheckedView& parts,
+                                const CheckedView& first, int64_t count, int64_t stride,
+                                bool may_coincide) {
+  const uintptr_t po = reinterpret_cast<uintptr_t>(output.view->data);
+  const uintptr_t pp = reinterpret_cast<uintptr_t>(parts.view->data);
+  // Spans apart (tested without forming an end address): nothing to look at part by part.
+  if (po <= pp ? pp - po >= output.extent_bytes : po - pp >= parts.extent_bytes) return;
+  for (int64_t p = 0; p < count; ++p) {
+    const flashattn_tensor_t t = part_view(first.view, p, stride, first.elem_size);
+    if (may_coincide && same_view(*output.view, t)) continue;
+    CheckedView c = first;
+    c.view = &t;
+    if (views_may_overlap(output, c)) {
+      fail(FLASHATTN_ERROR_INVALID_MEMORY,
+           "%s: shares memory with part %lld of %s (only that very view, in place, may)",
+           output.name, static_cast<long long>(p), parts.name);
+    }
+  }
+}
+
+}  // namespace
+
+MergeArgs validate_merge(const flashattn_merge_args_t& a, std::vector<CheckedView>* views) {
+  if (a.parts_out == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "parts_out is NULL");
+  if (a.parts_lse == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "parts_lse is NULL");
+  if (a.out == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "out is NULL");
+  if (a.num_parts < 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: num_parts is %lld, must be >= 1",
+         static_cast<long long>(a.num_parts));
+  }
+  if (a.num_parts > kMaxDim) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "args: num_parts is %lld, exceeds 2^31 - 1",
+         static_cast<long long>(a.num_parts));
+  }
+  const struct {
+    const char* name;
+    int64_t value;
+  } part_strides[] = {{"parts_out_stride", a.parts_out_stride},
+                      {"parts_lse_stride", a.parts_lse_stride}};
+  for (const auto& ps : part_strides) {
+    if (ps.value < 0) {
+      fail(FLASHATTN_ERROR_INVALID_STRIDE, "args: %s is %lld, must be >= 0", ps.name,
+           static_cast<long long>(ps.value));
+    }
+  }
+  // A packed variable-length batch when parts_out has rank 3; rank 4 otherwise (and the
+  // message for any other rank names the fixed-length layout).
+  const bool packed = a.parts_out->rank == 3;
+  const ViewKind& heads_kind = packed ? kHeads3 : kHeads4;
+  const ViewKind& lse_kind = packed ? kLse2 : kLse3;
+  const CheckedView parts_out = check_view("parts_out", a.parts_out, heads_kind, false, true);
+  expect_floating(parts_out);
+  const CheckedView parts_lse = check_view("parts_lse", a.parts_lse, lse_kind, false, true);
+  expect_dtype(parts_lse, FLASHATTN_DTYPE_FLOAT32);
+  const flashattn_tensor_t* po = a.parts_out;
+  const flashattn_tensor_t* pl = a.parts_lse;
+  const int64_t batch = packed ? 1 : po->shape[0];
+  const int64_t seqlen = packed ? po->shape[0] : po->shape[1];
+  const int64_t heads = po->shape[heads_kind.rank - 2];
+  const int64_t head_dim = po->shape[heads_kind.rank - 1];
+  const bool lse_fits = packed ? pl->shape[0] == heads && pl->shape[1] == seqlen
+                               : pl->shape[0] == batch && pl->shape[1] == heads &&
+                                     pl->shape[2] == seqlen;
+  if (!lse_fits) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "parts_lse: shape %s, expected %s = %s (parts_out's)",
+         shape_string(pl).c_str(), lse_kind.layout,
+         packed ? shape_string({heads, seqlen}).c_str()
+                : shape_string({batch, heads, seqlen}).c_str());
+  }
+  const CheckedView out = check_view("out", a.out, heads_kind, true, true);
+  expect_same_dtype(out, parts_out);
+  expect_same_shape(out, parts_out);
+  CheckedView lse;
+  if (a.lse != nullptr) {
+    lse = check_view("lse", a.lse, lse_kind, true, true);
+    expect_dtype(lse, FLASHATTN_DTYPE_FLOAT32);
+    expect_same_shape(lse, parts_lse);
+  }
+  const CheckedView all_out = all_parts(parts_out, "parts_out", a.num_parts, a.parts_out_stride);
+  const CheckedView all_lse = all_parts(parts_lse, "parts_lse", a.num_parts, a.parts_lse_stride);
+  // Aliasing: out and lse each against both parts views; and against each other.
+  check_output_against_parts(out, all_out, parts_out, a.num_parts, a.parts_out_stride, true);
+  check_output_against_parts(out, all_lse, parts_lse, a.num_parts, a.parts_lse_stride, false);
+  if (a.lse != nullptr) {
+    check_output_against_parts(lse, all_lse, parts_lse, a.num_parts, a.parts_lse_stride, true);
+    check_output_against_parts(lse, all_out, parts_out, a.num_parts, a.parts_out_stride, false);
+    if (views_may_overlap(lse, out)) {
+      fail(FLASHATTN_ERROR_INVALID_MEMORY, "lse: shares memory with out");
+    }
+  }
+  views->push_back(all_out);
+  views->push_back(all_lse);
+  views->push_back(out);
+  if (a.lse != nullptr) views->push_back(lse);
+
+  MergeArgs m;
+  m.dtype = static_cast<DType>(po->dtype);
+  m.parts = a.num_parts;
+  m.batch = batch;
+  m.seqlen = seqlen;
+  m.heads = heads;
+  m.head_dim = head_dim;
+  m.parts_out = tensor4(po);
+  m.parts_out_stride = a.parts_out_stride;
+  m.parts_lse = lse_view(pl);
+  m.parts_lse_stride = a.parts_lse_stride;
+  m.out = tensor4(a.out);
+  m.lse = lse_view(a.lse);
+  return m;
 }
 
 }  // namespace flashattn

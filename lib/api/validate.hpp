@@ -47,11 +47,13 @@ constexpr size_t kArgsFirstSize = offsetof(flashattn_args_t, max_seqlen_k) + siz
 // struct gets zeros, the default of every field, past what the library knows.
 void init_options_sized(flashattn_options_t* out, size_t size);
 void init_args_sized(flashattn_args_t* out, size_t size);
+void init_merge_args_sized(flashattn_merge_args_t* out, size_t size);
 
 // Defaults, then the first options->size bytes the library knows of (NULL: all defaults).
 flashattn_options_t read_options(const flashattn_options_t* options);
 // The same for the arguments struct of the _ex calls (NULL: INVALID_ARGUMENT).
 flashattn_args_t read_args(const flashattn_args_t* args);
+flashattn_merge_args_t read_merge_args(const flashattn_merge_args_t* args);
 
 // Shapes, dtypes, strides and options of a configuration (what flashattn_supported and
 // flashattn_workspace_size examine); data pointers are not looked at.
@@ -61,6 +63,11 @@ Problem validate_problem(const flashattn_args_t& args, bool backward);
 // spaces are the backend's to check). `views` receives every view for those checks.
 ForwardArgs validate_forward(const flashattn_args_t& args, std::vector<CheckedView>* views);
 BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<CheckedView>* views);
+
+// The merge's full checks (flashattn_merge): shapes, dtypes, strides, data pointers and the
+// aliasing rules of the header (an output may coincide exactly with one part, or share nothing).
+// `views` receives a view per tensor, whose extents cover every part, for the memory checks.
+MergeArgs validate_merge(const flashattn_merge_args_t& args, std::vector<CheckedView>* views);
 
 // True when the element sets of two views can share a byte (conservative: may say true for
 // exotic layouts that do not, never false for views that do).

@@ -24,6 +24,11 @@ class Backend {
   virtual void forward(const ForwardArgs& args, Workspace ws) = 0;
   virtual void backward(const BackwardArgs& args, Workspace ws) = 0;
 
+  // Throws Error(FLASHATTN_ERROR_UNSUPPORTED, why) when a merge of this dtype cannot run here.
+  virtual void check_merge_supported(DType dtype) const = 0;
+  // The validated merge; no workspace: a merge needs none.
+  virtual void merge(const MergeArgs& args) = 0;
+
   // Memory in the backend's space, 256-byte aligned. allocate throws OUT_OF_MEMORY or
   // DEVICE_OUT_OF_MEMORY; deallocate waits for enqueued work that may use the memory.
   virtual void* allocate(size_t bytes) = 0;

@@ -120,6 +120,24 @@ struct BackwardArgs {
   Vector<float> dsinks;  // data null: not wanted
 };
 
+// A merge of partial results (flashattn_merge): part p's output element (b, n, h, d) at
+// parts_out + p * parts_out_stride, its LSE at parts_lse + p * parts_lse_stride, each addressed
+// as the views say. A variable-length batch's packed rows are one batch entry of `seqlen` rows.
+struct MergeArgs {
+  DType dtype = DType::F32;
+  int64_t parts = 0;
+  int64_t batch = 0;
+  int64_t seqlen = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  Tensor4 parts_out;
+  int64_t parts_out_stride = 0;  // elements
+  LseView parts_lse;
+  int64_t parts_lse_stride = 0;  // elements
+  Tensor4 out;
+  LseView lse;  // data null: not wanted
+};
+
 // Scratch memory for one call, in the backend's memory (host for CPU, device for CUDA).
 struct Workspace {
   void* data = nullptr;

@@ -130,6 +130,10 @@ class CpuBackend final : public Backend {
     kernels_.backward(args, plan, static_cast<char*>(ws.data), threads);
   }
 
+  void check_merge_supported(DType) const override {}  // every dtype, float32 included
+
+  void merge(const MergeArgs& args) override { kernels_.merge(args, pool()); }
+
   void* allocate(size_t bytes) override {
     if (bytes > kMaxAllocation) {
       fail(FLASHATTN_ERROR_OUT_OF_MEMORY,

@@ -1,6 +1,6 @@
 // The compute routines of the CPU backend, compiled once per instruction set (kernels_*.cpp)
 // and picked at run time. Each entry runs a whole forward or backward on the pool, with scratch
-// from `ws` laid out by `plan`.
+// from `ws` laid out by `plan`, or a whole merge of partial results.
 #pragma once
 
 #include "core/problem.hpp"
@@ -14,6 +14,7 @@ struct KernelSet {
   const char* isa;
   void (*forward)(const ForwardArgs& args, const Plan& plan, char* ws, ThreadPool& pool);
   void (*backward)(const BackwardArgs& args, const Plan& plan, char* ws, ThreadPool& pool);
+  void (*merge)(const MergeArgs& args, ThreadPool& pool);  // needs no scratch
 };
 
 // Baseline x86-64 (SSE2) or the target's default instruction set: always available.

@@ -1,7 +1,7 @@
 // The CPU attention algorithms, flash and standard, forward and backward. This file is compiled
 // once per instruction set: a kernels_<isa>.cpp includes kernels_prelude.hpp, turns the
 // instruction set on, defines the macros below and includes this file (which includes nothing
-// itself, and keeps all it defines in an anonymous namespace).
+// itself but its part merge_impl.hpp, and keeps all it defines in an anonymous namespace).
 //
 //   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
 //   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
@@ -1064,7 +1064,9 @@ void backward(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool)
   }
 }
 
-const KernelSet kSet = {FA_ISA_NAME, &forward, &backward};
+#include "cpu/merge_impl.hpp"
+
+const KernelSet kSet = {FA_ISA_NAME, &forward, &backward, &merge};
 
 }  // namespace
 }  // namespace FA_ISA_NS

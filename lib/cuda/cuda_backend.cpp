@@ -18,6 +18,7 @@
 #include "cuda/cuda_util.hpp"
 #include "cuda/device_memory.hpp"
 #include "cuda/flash/flash.hpp"
+#include "cuda/merge/merge.hpp"
 #include "cuda/standard/standard.hpp"
 #include "cuda/standard/standard_kernels.hpp"
 
@@ -76,6 +77,8 @@ class CudaBackend final : public Backend {
   size_t workspace_size(const Problem& p, bool backward) const override;
   void forward(const ForwardArgs& args, Workspace ws) override;
   void backward(const BackwardArgs& args, Workspace ws) override;
+  void check_merge_supported(DType dtype) const override;
+  void merge(const MergeArgs& args) override;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) noexcept override;
@@ -266,6 +269,18 @@ void CudaBackend::backward(const BackwardArgs& args, Workspace ws) {
     return;
   }
   cuda::standard::backward(args, ws.data, ws.size, standard_context());
+}
+
+void CudaBackend::check_merge_supported(DType dtype) const {
+  if (dtype == DType::F32) {
+    fail(FLASHATTN_ERROR_UNSUPPORTED,
+         "merge: the CUDA backend merges float16 and bfloat16; float32 runs on the CPU backend");
+  }
+}
+
+void CudaBackend::merge(const MergeArgs& args) {
+  DeviceGuard guard(dev_.ordinal);
+  check_cuda(cuda::merge_partials(args, current()), "merge kernel launch");
 }
 
 void* CudaBackend::allocate(size_t bytes) {

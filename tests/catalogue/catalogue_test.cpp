@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -137,15 +138,17 @@ float parse_float(const std::string& s) {
 
 const char* const kTensorNames[] = {"q",     "k",     "v",      "out",          "lse",
                                     "dout",  "dq",    "dk",     "dv",           "alibi_slopes",
-                                    "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k"};
-constexpr int kNumTensors = 14;
-enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CU_Q, CU_K };
+                                    "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k",
+                                    "parts_out", "parts_lse"};
+constexpr int kNumTensors = 16;
+enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CU_Q, CU_K, PARTS_OUT, PARTS_LSE };
 
 // The _ex ops take the plain op's views and the variant tensors through a flashattn_args_t.
 bool is_ex(const std::string& op) { return op.size() > 3 && op.compare(op.size() - 3, 3, "_ex") == 0; }
 std::string plain_op(const std::string& op) { return is_ex(op) ? op.substr(0, op.size() - 3) : op; }
 
 bool is_output(const std::string& op, int t) {
+  if (op == "merge") return t == OUT || t == LSE;
   const std::string plain = plain_op(op);
   if (plain == "forward") return t == OUT || t == LSE;
   if (plain == "backward") return t == DQ || t == DK || t == DV || t == DSINKS;
@@ -169,6 +172,8 @@ struct Fixture {
   // The offsets of the variable-length form of the baseline: two full sequences each.
   static constexpr int32_t kOffsetsQ[3] = {0, 64, 128};
   static constexpr int32_t kOffsetsK[3] = {0, 48, 96};
+  // The merge's parts: three parts of out's and lse's shapes, one after another.
+  static constexpr int64_t kParts = 3;
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
@@ -184,7 +189,9 @@ struct Fixture {
   size_t workspace_size = 0;
   int backward_flag = 0;
   flashattn_args_t args = FLASHATTN_ARGS_INIT;
+  flashattn_merge_args_t merge_args = FLASHATTN_MERGE_ARGS_INIT;
   bool args_present = true;
+  bool merge = false;  // the op is merge: `args` mutations go to merge_args
 
   // The variant tensors' buffers exist for the _ex ops only: the heap then places the other
   // buffers of a plain op's call as it did before there were variants (some lines depend on
@@ -194,8 +201,13 @@ struct Fixture {
       throw std::runtime_error(std::string("context_create: ") + flashattn_last_error());
     }
     ctx_arg = ctx;
-    const int tensors = is_ex(op) ? kNumTensors : ALIBI;
-    for (int t = 0; t < tensors; ++t) {
+    merge = op == "merge";
+    // The merge's parts come after the nine plain buffers, and only for merge.
+    std::vector<int> tensors;
+    for (int t = 0; t < ALIBI; ++t) tensors.push_back(t);
+    for (int t = ALIBI; is_ex(op) && t <= CU_K; ++t) tensors.push_back(t);
+    if (merge) tensors.insert(tensors.end(), {PARTS_OUT, PARTS_LSE});
+    for (int t : tensors) {
       const bool like_k = t == K || t == V || t == DK || t == DV;
       void* data = nullptr;
       size_t bytes = t == LSE ? size_t(B * HQ * NQ) * 4
@@ -203,6 +215,8 @@ struct Fixture {
       if (t == ALIBI) bytes = size_t(B * HQ) * 4;  // room for [batch, heads_q]
       if (t == SINKS || t == DSINKS) bytes = size_t(HQ) * 4;
       if (t == CU_Q || t == CU_K) bytes = size_t(B + 1) * 4;
+      if (t == PARTS_OUT) bytes = size_t(kParts * B * NQ * HQ * D) * 4;
+      if (t == PARTS_LSE) bytes = size_t(kParts * B * HQ * NQ) * 4;
       sizes[t] = bytes;
       if (flashattn_buffer_create(&bufs[t], ctx, bytes) != FLASHATTN_SUCCESS ||
           flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
@@ -210,8 +224,10 @@ struct Fixture {
       }
       base[t] = data;
       flashattn_status_t st = FLASHATTN_SUCCESS;
-      if (t == LSE) {
+      if (t == LSE || t == PARTS_LSE) {
         st = flashattn_tensor_lse(&views[t], data, B, HQ, NQ);
+      } else if (t == PARTS_OUT) {
+        st = flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B, NQ, HQ, D);
       } else if (t >= ALIBI) {
         flashattn_tensor_t& v = views[t];
         v = flashattn_tensor_t{};
@@ -225,9 +241,15 @@ struct Fixture {
                                  like_k ? HKV : HQ, D);
       }
       if (st != FLASHATTN_SUCCESS) throw std::runtime_error(flashattn_last_error());
-      present[t] = t < ALIBI;  // the variant tensors are given by a mutation
+      present[t] = t < ALIBI || t >= PARTS_OUT;  // the variant tensors are given by a mutation
     }
     if (flashattn_args_init(&args) != FLASHATTN_SUCCESS) throw std::runtime_error("args_init");
+    if (flashattn_merge_args_init(&merge_args) != FLASHATTN_SUCCESS) {
+      throw std::runtime_error("merge_args_init");
+    }
+    merge_args.num_parts = kParts;
+    merge_args.parts_out_stride = B * NQ * HQ * D;
+    merge_args.parts_lse_stride = B * HQ * NQ;
     flashattn_options_t o;
     if (flashattn_options_init(&o) != FLASHATTN_SUCCESS) throw std::runtime_error("options_init");
     std::memcpy(options_storage, &o, sizeof o);
@@ -312,7 +334,16 @@ struct Fixture {
       return;
     }
     if (lhs == "args.size") {
-      args.size = static_cast<size_t>(parse_int(rhs));  // two's complement: -1 = SIZE_MAX
+      // two's complement: -1 = SIZE_MAX
+      (merge ? merge_args.size : args.size) = static_cast<size_t>(parse_int(rhs));
+      return;
+    }
+    if (lhs == "args.num_parts" || lhs == "args.parts_out_stride" ||
+        lhs == "args.parts_lse_stride") {
+      if (!merge) throw std::runtime_error(lhs + " belongs to the merge op");
+      (lhs == "args.num_parts"          ? merge_args.num_parts
+       : lhs == "args.parts_out_stride" ? merge_args.parts_out_stride
+                                        : merge_args.parts_lse_stride) = parse_int(rhs);
       return;
     }
     if (lhs == "args.max_seqlen_q" || lhs == "args.max_seqlen_k") {
@@ -457,18 +488,28 @@ struct Fixture {
   const flashattn_args_t* args_ptr() {
     if (!args_present) return nullptr;
     args.options = options_ptr();
-    const flashattn_tensor_t** fields[kNumTensors] = {
+    const flashattn_tensor_t** fields[CU_K + 1] = {
         &args.q,  &args.k,  &args.v,  &args.out,          &args.lse,
         &args.dout, &args.dq, &args.dk, &args.dv,        &args.alibi_slopes,
         &args.sinks, &args.dsinks, &args.cu_seqlens_q,  &args.cu_seqlens_k};
-    for (int t = 0; t < kNumTensors; ++t) *fields[t] = view(t);
+    for (int t = 0; t <= CU_K; ++t) *fields[t] = view(t);  // the merge's parts are not args
     return &args;
+  }
+
+  const flashattn_merge_args_t* merge_args_ptr() {
+    if (!args_present) return nullptr;
+    merge_args.parts_out = view(PARTS_OUT);
+    merge_args.parts_lse = view(PARTS_LSE);
+    merge_args.out = view(OUT);
+    merge_args.lse = view(LSE);
+    return &merge_args;
   }
 
   // Makes the call; for workspace_size also reports whether *out kept its sentinel.
   flashattn_status_t call(const std::string& op, bool* out_untouched) {
     flashattn_options_t* opt = options_ptr();
     *out_untouched = true;
+    if (op == "merge") return flashattn_merge(ctx_arg, merge_args_ptr());
     if (op == "forward_ex") return flashattn_forward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
     if (op == "backward_ex") return flashattn_backward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
     if (op == "supported_ex") return flashattn_supported_ex(ctx_arg, args_ptr(), backward_flag);
@@ -568,7 +609,7 @@ TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status co
           std::string::npos);
     CHECK((c.op == "forward" || c.op == "backward" || c.op == "supported" ||
            c.op == "workspace_size" || c.op == "forward_ex" || c.op == "backward_ex" ||
-           c.op == "supported_ex" || c.op == "workspace_size_ex"));
+           c.op == "supported_ex" || c.op == "workspace_size_ex" || c.op == "merge"));
     int code = -1;
     CHECK(status_by_name(c.status_name, &code));
     CHECK(code != 0);  // a catalogue of bad inputs
@@ -589,7 +630,7 @@ TEST_CASE("catalogue: the header documents every status the catalogue expects of
   const std::string header = read_file(FLASHATTN_HEADER_FILE);
   std::map<std::string, std::set<std::string>> documented;
   for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
-                         "backward_ex", "supported_ex", "workspace_size_ex"}) {
+                         "backward_ex", "supported_ex", "workspace_size_ex", "merge"}) {
     documented[op] = documented_statuses(header, std::string("flashattn_") + op);
     INFO("flashattn_" << op);
     CHECK(documented[op].count("FLASHATTN_SUCCESS") == 1);
@@ -609,10 +650,18 @@ TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
                                   "varlen=1;alibi_slopes=given;sinks=given;dsinks=given;"
                                   "alibi_slopes.rank=2;alibi_slopes.shape[0]=2;"
                                   "alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"};
+  // The merge: as given, without the LSE, in place into part 0, and with parts 0 elements apart.
+  const char* const kMergeVariants[] = {"", "lse=null",
+                                        "out.data=alias:parts_out;lse.data=alias:parts_lse",
+                                        "args.parts_out_stride=0;args.parts_lse_stride=0"};
   for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
-                         "backward_ex", "supported_ex", "workspace_size_ex"}) {
-    for (const char* mutations : variants) {
-      if (!is_ex(op) && mutations[0] != '\0') continue;
+                         "backward_ex", "supported_ex", "workspace_size_ex", "merge"}) {
+    const bool merging = std::string(op) == "merge";
+    const std::vector<const char*> lines =
+        merging ? std::vector<const char*>(std::begin(kMergeVariants), std::end(kMergeVariants))
+                : std::vector<const char*>(std::begin(variants), std::end(variants));
+    for (const char* mutations : lines) {
+      if (!is_ex(op) && std::string(op) != "merge" && mutations[0] != '\0') continue;
       for (int backward : {0, 1}) {
         INFO("op " << std::string(op) << " backward=" << backward << " " << mutations);
         Fixture f(op);

@@ -118,3 +118,84 @@ func (b *ArgsBlock) Free() {
 		b.mem = nil
 	}
 }
+
+// MergeArgs is flashattn_merge_args_t; fill it with Flashattn_merge_args_init. Like Args it
+// holds C addresses (0 is NULL) and lives in C memory when passed (MergeBlock).
+type MergeArgs struct {
+	Size           uint64
+	NumParts       int64
+	PartsOut       uintptr
+	PartsOutStride int64
+	PartsLse       uintptr
+	PartsLseStride int64
+	Out, Lse       uintptr
+}
+
+// Flashattn_merge_args_init fills m with the defaults, Size included: C's
+// flashattn_merge_args_init(&m) macro, flashattn_merge_args_init_sized with the size of
+// MergeArgs.
+func Flashattn_merge_args_init(m *MergeArgs) error {
+	return Flashattn_merge_args_init_sized(m, int64(unsafe.Sizeof(MergeArgs{})))
+}
+
+// MergeTensor names a tensor field of MergeArgs.
+type MergeTensor int
+
+const (
+	MergePartsOut MergeTensor = iota
+	MergePartsLse
+	MergeOut
+	MergeLse
+	NumMergeTensors
+)
+
+func (m *MergeArgs) field(f MergeTensor) *uintptr {
+	return [...]*uintptr{&m.PartsOut, &m.PartsLse, &m.Out, &m.Lse}[f]
+}
+
+type mergeBlockLayout struct {
+	args    MergeArgs
+	tensors [NumMergeTensors]Tensor
+}
+
+// MergeBlock is one allocation of C memory holding a MergeArgs and a Tensor for each of its
+// tensor fields. Free releases it.
+type MergeBlock struct {
+	mem *mergeBlockLayout
+}
+
+// NewMergeBlock allocates a block, its MergeArgs from Flashattn_merge_args_init, every tensor
+// field NULL.
+func NewMergeBlock() (*MergeBlock, error) {
+	mem := C.calloc(1, C.size_t(unsafe.Sizeof(mergeBlockLayout{})))
+	if mem == nil {
+		return nil, &Error{Status: Status(FLASHATTN_ERROR_OUT_OF_MEMORY), Message: "cannot allocate a MergeBlock"}
+	}
+	b := &MergeBlock{mem: (*mergeBlockLayout)(mem)}
+	if err := Flashattn_merge_args_init(&b.mem.args); err != nil {
+		b.Free()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Args is the block's flashattn_merge_args_t, to pass to Flashattn_merge.
+func (b *MergeBlock) Args() *MergeArgs { return &b.mem.args }
+
+// SetTensor copies *t into the block and points field f at the copy; nil makes the field NULL.
+func (b *MergeBlock) SetTensor(f MergeTensor, t *Tensor) {
+	if t == nil {
+		*b.mem.args.field(f) = 0
+		return
+	}
+	b.mem.tensors[f] = *t
+	*b.mem.args.field(f) = uintptr(unsafe.Pointer(&b.mem.tensors[f]))
+}
+
+// Free releases the block; freeing twice is a no-op.
+func (b *MergeBlock) Free() {
+	if b.mem != nil {
+		C.free(unsafe.Pointer(b.mem))
+		b.mem = nil
+	}
+}

@@ -9,9 +9,10 @@
  *    holding the status and the library's message. Go has no exceptions, so the shared
  *    %exception has nothing to raise (FLASHATTN_SWIG_RAISE is empty): the status's out typemap
  *    below reads flashattn_last_error() in the same C call, on the thread that made it.
- *  - flashattn_tensor_t, flashattn_options_t and flashattn_args_t are the Go structs Tensor,
- *    Options and Args of the same layout (types.go, args.go; capi_test.go checks it), passed by
- *    pointer; nil is NULL. An Args holds C addresses and lives in C memory (ArgsBlock).
+ *  - flashattn_tensor_t, flashattn_options_t, flashattn_args_t and flashattn_merge_args_t are
+ *    the Go structs Tensor, Options, Args and MergeArgs of the same layout (types.go, args.go;
+ *    capi_test.go checks it), passed by pointer; nil is NULL. An Args or a MergeArgs holds C
+ *    addresses and lives in C memory (ArgsBlock, MergeBlock).
  *  - Handles are the types Context and Buffer; void * is uintptr; output parameters are Go
  *    pointers; host memory to copy from or to is a []byte.
  */
@@ -87,6 +88,8 @@ FLASHATTN_GO_POINTER(flashattn_options_t *, *Options)
 FLASHATTN_GO_POINTER(const flashattn_options_t *, *Options)
 FLASHATTN_GO_POINTER(flashattn_args_t *, *Args)
 FLASHATTN_GO_POINTER(const flashattn_args_t *, *Args)
+FLASHATTN_GO_POINTER(flashattn_merge_args_t *, *MergeArgs)
+FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
 
 /* ---- host memory: byte slices ---- */
 %typemap(gotype) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len) "[]byte"
@@ -97,6 +100,7 @@ FLASHATTN_GO_POINTER(const flashattn_args_t *, *Args)
 %ignore flashattn_tensor;
 %ignore flashattn_options;
 %ignore flashattn_args;
+%ignore flashattn_merge_args;
 
 %include "../../flashattn.i"
 
@@ -126,3 +130,11 @@ FLASHATTN_GO_POINTER(const flashattn_args_t *, *Args)
 %constant int64_t OffsetofArgsCuSeqlensK = offsetof(flashattn_args_t, cu_seqlens_k);
 %constant int64_t OffsetofArgsMaxSeqlenQ = offsetof(flashattn_args_t, max_seqlen_q);
 %constant int64_t OffsetofArgsMaxSeqlenK = offsetof(flashattn_args_t, max_seqlen_k);
+%constant int64_t SizeofMergeArgs = sizeof(flashattn_merge_args_t);
+%constant int64_t OffsetofMergeArgsNumParts = offsetof(flashattn_merge_args_t, num_parts);
+%constant int64_t OffsetofMergeArgsPartsOut = offsetof(flashattn_merge_args_t, parts_out);
+%constant int64_t OffsetofMergeArgsPartsOutStride = offsetof(flashattn_merge_args_t, parts_out_stride);
+%constant int64_t OffsetofMergeArgsPartsLse = offsetof(flashattn_merge_args_t, parts_lse);
+%constant int64_t OffsetofMergeArgsPartsLseStride = offsetof(flashattn_merge_args_t, parts_lse_stride);
+%constant int64_t OffsetofMergeArgsOut = offsetof(flashattn_merge_args_t, out);
+%constant int64_t OffsetofMergeArgsLse = offsetof(flashattn_merge_args_t, lse);

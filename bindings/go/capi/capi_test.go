@@ -12,6 +12,7 @@ func TestStructLayout(t *testing.T) {
 	var tensor Tensor
 	var options Options
 	var args Args
+	var merge MergeArgs
 	checks := []struct {
 		what      string
 		got, want uintptr
@@ -41,6 +42,14 @@ func TestStructLayout(t *testing.T) {
 		{"offsetof(flashattn_args_t, cu_seqlens_k)", unsafe.Offsetof(args.CuSeqlensK), uintptr(OffsetofArgsCuSeqlensK)},
 		{"offsetof(flashattn_args_t, max_seqlen_q)", unsafe.Offsetof(args.MaxSeqlenQ), uintptr(OffsetofArgsMaxSeqlenQ)},
 		{"offsetof(flashattn_args_t, max_seqlen_k)", unsafe.Offsetof(args.MaxSeqlenK), uintptr(OffsetofArgsMaxSeqlenK)},
+		{"sizeof(flashattn_merge_args_t)", unsafe.Sizeof(merge), uintptr(SizeofMergeArgs)},
+		{"offsetof(flashattn_merge_args_t, num_parts)", unsafe.Offsetof(merge.NumParts), uintptr(OffsetofMergeArgsNumParts)},
+		{"offsetof(flashattn_merge_args_t, parts_out)", unsafe.Offsetof(merge.PartsOut), uintptr(OffsetofMergeArgsPartsOut)},
+		{"offsetof(flashattn_merge_args_t, parts_out_stride)", unsafe.Offsetof(merge.PartsOutStride), uintptr(OffsetofMergeArgsPartsOutStride)},
+		{"offsetof(flashattn_merge_args_t, parts_lse)", unsafe.Offsetof(merge.PartsLse), uintptr(OffsetofMergeArgsPartsLse)},
+		{"offsetof(flashattn_merge_args_t, parts_lse_stride)", unsafe.Offsetof(merge.PartsLseStride), uintptr(OffsetofMergeArgsPartsLseStride)},
+		{"offsetof(flashattn_merge_args_t, out)", unsafe.Offsetof(merge.Out), uintptr(OffsetofMergeArgsOut)},
+		{"offsetof(flashattn_merge_args_t, lse)", unsafe.Offsetof(merge.Lse), uintptr(OffsetofMergeArgsLse)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -176,4 +185,31 @@ func TestArgsBlockHoldsInitializedArgs(t *testing.T) {
 		t.Errorf("forward_ex without q: %v", err)
 	}
 	runtime.KeepAlive(b)
+}
+
+func TestMergeBlockHoldsInitializedArgs(t *testing.T) {
+	b, err := NewMergeBlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	m := b.Args()
+	if m.Size != uint64(SizeofMergeArgs) || m.NumParts != 0 || m.PartsOut != 0 || m.Lse != 0 {
+		t.Errorf("merge args after init: %+v", *m)
+	}
+	tensor := Tensor{Data: 256, Dtype: DType(FLASHATTN_DTYPE_FLOAT32), Rank: 3}
+	b.SetTensor(MergeLse, &tensor)
+	if m.Lse == 0 || m.Out != 0 {
+		t.Error("SetTensor did not set exactly its field")
+	}
+	b.SetTensor(MergeLse, nil)
+	if m.Lse != 0 {
+		t.Error("SetTensor(nil) left the field set")
+	}
+	var small MergeArgs
+	var e *Error
+	if err := Flashattn_merge_args_init_sized(&small, 8); !errors.As(err, &e) ||
+		e.Status != Status(FLASHATTN_ERROR_INVALID_ARGUMENT) || small.Size != 0 {
+		t.Errorf("merge_args_init_sized(8): %v, %+v", err, small)
+	}
 }

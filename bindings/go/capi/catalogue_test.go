@@ -28,8 +28,18 @@ type catalogueCase struct {
 var catalogueOutputs = map[string][]string{
 	"forward": {"out", "lse"}, "backward": {"dq", "dk", "dv"}, "supported": {}, "workspace_size": {},
 	"forward_ex": {"out", "lse"}, "backward_ex": {"dq", "dk", "dv", "dsinks"}, "supported_ex": {},
-	"workspace_size_ex": {},
+	"workspace_size_ex": {}, "merge": {"out", "lse"},
 }
+
+// The merge's parts (FORMAT.md): three parts of out's and lse's shapes, part 0's views over
+// buffers that hold the three.
+const mergeParts = 3
+
+var (
+	mergeNames = []string{"parts_out", "parts_lse"}
+	mergeBytes = map[string]int64{"parts_out": mergeParts * cB * cNQ * cHQ * cD * 4,
+		"parts_lse": mergeParts * cB * cHQ * cNQ * 4}
+)
 
 // The variant tensors of the _ex ops, in the order of the ArgTensor fields after dv: their
 // buffers' sizes, and the offsets' contents.
@@ -53,7 +63,7 @@ func catalogueShape(name string) []int64 {
 	switch name {
 	case "k", "v", "dk", "dv":
 		return []int64{cB, cNK, cHKV, cD}
-	case "lse":
+	case "lse", "parts_lse":
 		return []int64{cB, cHQ, cNQ}
 	}
 	return []int64{cB, cNQ, cHQ, cD}
@@ -114,6 +124,7 @@ type call struct {
 	backwardFlag  int
 	names         []string // every tensor with a buffer, in ArgTensor order
 	args          *ArgsBlock
+	merge         *MergeBlock
 	passArgs      bool
 }
 
@@ -136,6 +147,9 @@ func newCall(op string) (*call, error) {
 	if strings.HasSuffix(op, "_ex") {
 		c.names = append(c.names, variantNames...)
 	}
+	if op == "merge" { // and the merge's parts for the merge only, after the nine
+		c.names = append(c.names, mergeNames...)
+	}
 	for _, name := range c.names {
 		shape := catalogueShape(name)
 		nbytes := int64(4)
@@ -143,6 +157,9 @@ func newCall(op string) (*call, error) {
 			nbytes *= s
 		}
 		if n, ok := variantBytes[name]; ok {
+			nbytes = n
+		}
+		if n, ok := mergeBytes[name]; ok {
 			nbytes = n
 		}
 		var buf Buffer
@@ -182,7 +199,7 @@ func newCall(op string) (*call, error) {
 			}
 			c.views[name] = view // given by a mutation
 			continue
-		} else if name == "lse" {
+		} else if name == "lse" || name == "parts_lse" {
 			err = Flashattn_tensor_lse(view, address, shape[0], shape[1], shape[2])
 		} else {
 			err = Flashattn_tensor_4d(view, address, DType(FLASHATTN_DTYPE_FLOAT32), shape[0], shape[1], shape[2], shape[3])
@@ -197,6 +214,13 @@ func newCall(op string) (*call, error) {
 		return c, err
 	}
 	c.args = args
+	merge, err := NewMergeBlock()
+	if err != nil {
+		return c, err
+	}
+	c.merge = merge
+	m := merge.Args()
+	m.NumParts, m.PartsOutStride, m.PartsLseStride = mergeParts, cB*cNQ*cHQ*cD, cB*cHQ*cNQ
 	c.block = make([]uint64, optionsBlock/8)
 	c.options = (*Options)(unsafe.Pointer(&c.block[0]))
 	if err := Flashattn_options_init(c.options); err != nil {
@@ -271,6 +295,23 @@ func (c *call) mutate(m string) error {
 		c.backwardFlag = n
 	case key == "args" && value == "null":
 		c.passArgs = false
+	case key == "args.num_parts" || key == "args.parts_out_stride" || key == "args.parts_lse_stride":
+		if c.op != "merge" {
+			return fmt.Errorf("%s belongs to the merge op", key)
+		}
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return err
+		}
+		m := c.merge.Args()
+		switch key {
+		case "args.num_parts":
+			m.NumParts = v
+		case "args.parts_out_stride":
+			m.PartsOutStride = v
+		default:
+			m.PartsLseStride = v
+		}
 	case key == "args.size" || key == "args.max_seqlen_q" || key == "args.max_seqlen_k":
 		v, err := strconv.ParseInt(value, 10, 64)
 		if err != nil {
@@ -279,6 +320,10 @@ func (c *call) mutate(m string) error {
 		a := c.args.Args()
 		switch key {
 		case "args.size":
+			if c.op == "merge" {
+				c.merge.Args().Size = uint64(v)
+				return nil
+			}
 			a.Size = uint64(v)
 		case "args.max_seqlen_q":
 			a.MaxSeqlenQ = v
@@ -476,6 +521,17 @@ func (c *call) exArgs() *Args {
 	return a
 }
 
+// mergeArgs points the call's MergeBlock at its views, as the merge op takes them.
+func (c *call) mergeArgs() *MergeArgs {
+	if !c.passArgs {
+		return nil
+	}
+	for i, name := range []string{"parts_out", "parts_lse", "out", "lse"} {
+		c.merge.SetTensor(MergeTensor(i), c.passed[name])
+	}
+	return c.merge.Args()
+}
+
 func (c *call) run() (error, bool) {
 	p := c.passed
 	var opts *Options
@@ -483,6 +539,8 @@ func (c *call) run() (error, bool) {
 		opts = c.options
 	}
 	switch c.op {
+	case "merge":
+		return Flashattn_merge(c.callCtx, c.mergeArgs()), true
 	case "forward_ex":
 		return Flashattn_forward_ex(c.callCtx, c.exArgs(), c.workspace, c.workspaceSize), true
 	case "backward_ex":
@@ -529,6 +587,9 @@ func (c *call) close() {
 	if c.args != nil {
 		c.args.Free()
 	}
+	if c.merge != nil {
+		c.merge.Free()
+	}
 	Flashattn_context_destroy(c.ctx)
 }
 
@@ -538,9 +599,15 @@ func TestCatalogueBaselinesSucceed(t *testing.T) {
 	variants := []string{"-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
 		"varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;" +
 			"alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"}
+	mergeVariants := []string{"-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse",
+		"args.parts_out_stride=0;args.parts_lse_stride=0"}
 	for op := range catalogueOutputs {
-		for _, mutations := range variants {
-			if mutations != "-" && !strings.HasSuffix(op, "_ex") {
+		lines := variants
+		if op == "merge" {
+			lines = mergeVariants
+		}
+		for _, mutations := range lines {
+			if mutations != "-" && !strings.HasSuffix(op, "_ex") && op != "merge" {
 				continue
 			}
 			for _, backward := range []int{0, 1} {

@@ -36,7 +36,12 @@ VARIANT_TENSORS = {
 OUTPUTS = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv"), "supported": (),
            "workspace_size": (), "forward_ex": ("out", "lse"),
            "backward_ex": ("dq", "dk", "dv", "dsinks"), "supported_ex": (),
-           "workspace_size_ex": ()}
+           "workspace_size_ex": (), "merge": ("out", "lse")}
+# The merge's parts (FORMAT.md): three parts of out's and lse's shapes in buffers of their own,
+# part 0's view; name -> (shape of part 0, buffer bytes).
+PARTS = 3
+MERGE_TENSORS = {"parts_out": (SHAPES["out"], PARTS * B * NQ * HQ * D * 4),
+                 "parts_lse": (SHAPES["lse"], PARTS * B * HQ * NQ * 4)}
 ARGS_FIELDS = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks",
                "dsinks", "cu_seqlens_q", "cu_seqlens_k")
 POISON = 0xA5
@@ -97,8 +102,15 @@ class Call:
         self.ends = {}
         # The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
         variant_names = list(VARIANT_TENSORS) if op.endswith("_ex") else []
-        for name in list(SHAPES) + variant_names:
-            nbytes = VARIANT_TENSORS[name][2] if name in VARIANT_TENSORS else int(np.prod(SHAPES[name])) * 4
+        # And the merge's parts for the merge only, after the nine.
+        parts_names = list(MERGE_TENSORS) if op == "merge" else []
+        for name in list(SHAPES) + variant_names + parts_names:
+            if name in VARIANT_TENSORS:
+                nbytes = VARIANT_TENSORS[name][2]
+            elif name in MERGE_TENSORS:
+                nbytes = MERGE_TENSORS[name][1]
+            else:
+                nbytes = int(np.prod(SHAPES[name])) * 4
             buf = low.flashattn_buffer_create(self.ctx, nbytes)
             self.buffers[name] = buf
             self.ends[name] = low.flashattn_buffer_data(buf) + nbytes
@@ -112,7 +124,7 @@ class Call:
             self.contents[name] = data
             t = low.flashattn_tensor_t()
             address = low.flashattn_buffer_data(buf)
-            if name == "lse":
+            if name in ("lse", "parts_lse"):
                 low.flashattn_tensor_lse(t, address, B, HQ, NQ)
             elif name in VARIANT_TENSORS:
                 shape, dtype, _ = VARIANT_TENSORS[name]
@@ -122,11 +134,17 @@ class Call:
                 t.shape = (shape[0], 0, 0, 0)
                 t.strides = (1, 0, 0, 0)
             else:
-                low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *SHAPES[name])
+                shape = MERGE_TENSORS[name][0] if name in MERGE_TENSORS else SHAPES[name]
+                low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *shape)
             self.views[name] = t
             self.passed[name] = None if name in VARIANT_TENSORS else t
         self.args = low.flashattn_args_t()
         low.flashattn_args_init(self.args)
+        self.merge_args = low.flashattn_merge_args_t()
+        low.flashattn_merge_args_init(self.merge_args)
+        self.merge_args.num_parts = PARTS
+        self.merge_args.parts_out_stride = B * NQ * HQ * D
+        self.merge_args.parts_lse_stride = B * HQ * NQ
         self.pass_args = True
         # The options sit at the start of a zero-filled block, so sizes up to 4096 read zeros.
         self.options_block = np.zeros(OPTIONS_BLOCK, dtype=np.uint8)
@@ -163,7 +181,12 @@ class Call:
         elif key == "args" and value == "null":
             self.pass_args = False
         elif key == "args.size":
-            self.args.size = int(value) & ((1 << 64) - 1)
+            struct = self.merge_args if self.op == "merge" else self.args
+            struct.size = int(value) & ((1 << 64) - 1)
+        elif key in ("args.num_parts", "args.parts_out_stride", "args.parts_lse_stride"):
+            if self.op != "merge":
+                raise ValueError("%s belongs to the merge op" % key)
+            setattr(self.merge_args, key[len("args."):], int(value))
         elif key in ("args.max_seqlen_q", "args.max_seqlen_k"):
             setattr(self.args, key[len("args."):], int(value))
         elif key == "varlen" and value == "1":
@@ -253,10 +276,20 @@ class Call:
             setattr(self.args, name, self.passed.get(name))
         return self.args
 
+    def _merge_args(self):
+        if not self.pass_args:
+            return None
+        m = self.merge_args
+        m.parts_out, m.parts_lse = self.passed["parts_out"], self.passed["parts_lse"]
+        m.out, m.lse = self.passed["out"], self.passed["lse"]
+        return m
+
     def run(self):
         p = self.passed
         opts = self.options if self.pass_options else None
-        if self.op == "forward_ex":
+        if self.op == "merge":
+            low.flashattn_merge(self.call_ctx, self._merge_args())
+        elif self.op == "forward_ex":
             low.flashattn_forward_ex(self.call_ctx, self._args(), self.workspace, self.workspace_size)
         elif self.op == "backward_ex":
             low.flashattn_backward_ex(self.call_ctx, self._args(), self.workspace, self.workspace_size)
@@ -298,7 +331,9 @@ BASELINES = [(op, "-") for op in OUTPUTS] + [
     (op, m) for op in OUTPUTS if op.endswith("_ex")
     for m in ("alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
               "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;"
-              "alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4")]
+              "alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4")] + [
+    ("merge", m) for m in ("lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse",
+                           "args.parts_out_stride=0;args.parts_lse_stride=0")]
 
 
 @pytest.mark.parametrize("op,mutations", BASELINES)

@@ -23,3 +23,12 @@ def test_the_documented_variants_run():
     with contextlib.redirect_stdout(printed):
         exec(compile(block, str(DOCS), "exec"), {})
     assert printed.getvalue() == "(10, 2, 4) (2, 10) (2,)\n"
+
+
+def test_the_documented_merge_runs():
+    section = DOCS.read_text().split("## Merging partial results", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, str(DOCS), "exec"), {})
+    assert printed.getvalue() == "True (1, 16, 2, 8) (1, 2, 16)\n"

@@ -136,3 +136,28 @@ def test_cupy_arrays():
     assert torch.equal(torch.from_dlpack(lse), expected_lse)
     dq, dk, dv = flashattn.attention_backward(cupy.ones_like(out), cq, ck, cv, out, lse, causal=True)
     assert isinstance(dq, cupy.ndarray) and dk.shape == ck.shape and dv.shape == cv.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_merge_of_split_keys_is_the_whole_attention(dtype, causal):
+    q, k, v = make((2, 77, 300, 8, 2, 128), dtype, seed=5)
+    whole, whole_lse = flashattn.attention(q, k, v, causal=causal, return_lse=True)
+    bounds = [0, 64, 65, 200, 300]
+    outs, lses = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        window = (-1, k.shape[1] - b) if causal else None  # the whole range's mask on the part
+        o, l = flashattn.attention(q, k[:, a:b], v[:, a:b], window=window, return_lse=True)
+        outs.append(o)
+        lses.append(l)
+    parts, parts_lse = torch.stack(outs), torch.stack(lses)
+    merged, merged_lse = flashattn.merge(parts, parts_lse, return_lse=True)
+    assert merged.is_cuda and merged.dtype == dtype
+    # Rounded once more than the whole attention: a few units in the last place apart.
+    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
+    assert err(merged, whole) <= 4 * ulp * max(1.0, whole.abs().max().item())
+    assert err(merged_lse, whole_lse) <= 1e-4
+    # In place into part 0, on the current stream.
+    flashattn.merge(parts, parts_lse, out=parts[0], lse=parts_lse[0])
+    torch.cuda.synchronize()
+    assert torch.equal(parts[0], merged) and torch.equal(parts_lse[0], merged_lse)

@@ -25,7 +25,7 @@ from ._lib import Context, Error, low
 
 flashattn_swig = low
 
-__all__ = ["attention", "attention_backward", "Context", "Error", "cuda_device_count",
+__all__ = ["attention", "attention_backward", "merge", "Context", "Error", "cuda_device_count",
            "has_cuda", "version", "flashattn_swig"]
 
 
@@ -104,3 +104,26 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                               max_seqlen_k)
     return _core.backward(dout, q, k, v, out, lse, causal, scale, algorithm, deterministic, window,
                           softcap, context=context, variants=variants)
+
+
+def merge(parts_out, parts_lse, *, out=None, lse=None, return_lse=False, context=None):
+    """Merges partial attention results by their log-sum-exp: returns out, or (out, lse) with
+    return_lse=True (or when lse is given).
+
+    parts_out [parts, batch, seqlen, heads, head_dim] and parts_lse [parts, batch, heads, seqlen]
+    float32: part p's output (normalized over that part's keys) and LSE, as attention(...,
+    return_lse=True) gives them for a part of the keys (packed variable-length results:
+    [parts, total_tokens, heads, head_dim] and [parts, heads, total_tokens]). Either may also be a
+    list of per-part arrays, stacked first (a copy). Any strides whose last one is 1 (for the
+    outputs). The result over the union of the parts' keys:
+        lse = log(sum_p exp(lse_p)),   out = sum_p exp(lse_p - lse) * out_p,
+    accumulated in float32 and rounded once into the parts' dtype. A part whose LSE is -inf adds
+    nothing; a row whose parts are all -inf gets 0 and -inf; a NaN LSE makes its row NaN, a +inf
+    one gives LSE +inf and a NaN output.
+    out, lse: arrays to write into instead of new ones; either may be one part's own (e.g.
+    out=parts_out[0], lse=parts_lse[0]: in place), nothing else may overlap the parts.
+    context: a flashattn.Context; by default one per thread and device. Not differentiable.
+    """
+    out, lse = _core.merge(parts_out, parts_lse, out=out, lse=lse,
+                           want_lse=return_lse or lse is not None, context=context)
+    return (out, lse) if (return_lse or lse is not None) else out

@@ -153,6 +153,29 @@ def describe_all(names, arrays):
     return out
 
 
+def stack(name, arrays):
+    """One array with a new leading dimension from a sequence of arrays of one kind (a copy, by
+    their own library)."""
+    if len(arrays) == 0:
+        raise Error(low.FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: no parts given" % name)
+    described = describe_all(["%s[%d]" % (name, i) for i in range(len(arrays))], arrays)
+    kind = described[0].kind
+    if kind == "numpy":
+        return np.stack([a.obj for a in described])
+    if kind == "torch":
+        return sys.modules["torch"].stack([a.obj for a in described])
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(described[0].device):
+        return cupy.stack([a.obj for a in described])
+
+
+def part(array):
+    """The first part of an Array with a leading parts dimension, and the element stride from one
+    part to the next."""
+    return (Array(array.name, array.obj, array.kind, array.device, array.dtype, array.address,
+                  tuple(array.shape[1:]), tuple(array.strides[1:])), array.strides[0])
+
+
 def empty(like, shape, float32=False, zero=False):
     """A new C-contiguous array of `like`'s kind and device, of its dtype (or float32); zero-filled
     with zero=True."""

@@ -1,6 +1,6 @@
 """Forward and backward through the low layer, for any supported array kind."""
 from . import _arrays
-from ._lib import context_for, low
+from ._lib import Error, context_for, low
 
 _ALGORITHMS = {"flash": low.FLASHATTN_ALGORITHM_FLASH, "standard": low.FLASHATTN_ALGORITHM_STANDARD}
 
@@ -182,3 +182,44 @@ def backward(dout, q, k, v, out, lse, causal=False, scale=None, algorithm="flash
     ctx = _context(aq, context)
     low.flashattn_backward_ex(ctx.handle, args.struct, None, 0)
     return tuple(grads) + ((dsinks,) if dsinks is not None else ())
+
+
+def merge(parts_out, parts_lse, out=None, lse=None, want_lse=False, context=None):
+    """(out, lse or None): the parts merged by their LSE; out and lse are written when given
+    (in place when they are one part's), else allocated like parts_out."""
+    if isinstance(parts_out, (list, tuple)):
+        parts_out = _arrays.stack("parts_out", parts_out)
+    if isinstance(parts_lse, (list, tuple)):
+        parts_lse = _arrays.stack("parts_lse", parts_lse)
+    a_parts, a_lses = _arrays.describe_all(("parts_out", "parts_lse"), (parts_out, parts_lse))
+    for a in (a_parts, a_lses):
+        if len(a.shape) < 2:
+            raise Error(low.FLASHATTN_ERROR_INVALID_SHAPE,
+                        "%s: rank is %d; a leading parts dimension and a part's own are expected"
+                        % (a.name, len(a.shape)))
+    if a_lses.shape[0] != a_parts.shape[0]:
+        raise Error(low.FLASHATTN_ERROR_INVALID_SHAPE,
+                    "parts_lse: %d parts differ from parts_out's %d"
+                    % (a_lses.shape[0], a_parts.shape[0]))
+    first, out_stride = _arrays.part(a_parts)
+    first_lse, lse_stride = _arrays.part(a_lses)
+    if out is None:
+        out = _arrays.empty(a_parts, first.shape)
+    if lse is None and want_lse:
+        lse = _arrays.empty(a_parts, first_lse.shape, float32=True)
+    named = [("out", out)] + ([("lse", lse)] if lse is not None else [])
+    outputs = _arrays.describe_all(["parts_out"] + [n for n, _ in named],
+                                   [parts_out] + [x for _, x in named])[1:]
+    m = low.flashattn_merge_args_t()
+    low.flashattn_merge_args_init(m)
+    views = [first.view(), first_lse.view()] + [a.view() for a in outputs]
+    m.num_parts = a_parts.shape[0]
+    m.parts_out = views[0]
+    m.parts_out_stride = out_stride
+    m.parts_lse = views[1]
+    m.parts_lse_stride = lse_stride
+    m.out = views[2]
+    m.lse = views[3] if lse is not None else None
+    ctx = _context(a_parts, context)
+    low.flashattn_merge(ctx.handle, m)
+    return out, lse

@@ -893,3 +893,177 @@ extern "C" {
         workspace_size: usize,
     ) -> flashattn_status_t;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flashattn_merge_args {
+    pub size: usize,
+    pub num_parts: i64,
+    pub parts_out: *const flashattn_tensor_t,
+    pub parts_out_stride: i64,
+    pub parts_lse: *const flashattn_tensor_t,
+    pub parts_lse_stride: i64,
+    pub out: *const flashattn_tensor_t,
+    pub lse: *const flashattn_tensor_t,
+}
+#[test]
+fn bindgen_test_layout_flashattn_merge_args() {
+    assert_eq!(
+        ::std::mem::size_of::<flashattn_merge_args>(),
+        64usize,
+        concat!("Size of: ", stringify!(flashattn_merge_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flashattn_merge_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flashattn_merge_args))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_num_parts() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_parts) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(num_parts)
+            )
+        );
+    }
+    test_field_num_parts();
+    fn test_field_parts_out() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parts_out) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(parts_out)
+            )
+        );
+    }
+    test_field_parts_out();
+    fn test_field_parts_out_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parts_out_stride) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(parts_out_stride)
+            )
+        );
+    }
+    test_field_parts_out_stride();
+    fn test_field_parts_lse() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parts_lse) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(parts_lse)
+            )
+        );
+    }
+    test_field_parts_lse();
+    fn test_field_parts_lse_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parts_lse_stride) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(parts_lse_stride)
+            )
+        );
+    }
+    test_field_parts_lse_stride();
+    fn test_field_out() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(out)
+            )
+        );
+    }
+    test_field_out();
+    fn test_field_lse() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_merge_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lse) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_merge_args),
+                "::",
+                stringify!(lse)
+            )
+        );
+    }
+    test_field_lse();
+}
+pub type flashattn_merge_args_t = flashattn_merge_args;
+extern "C" {
+    pub fn flashattn_merge_args_init_sized(
+        out: *mut flashattn_merge_args_t,
+        size: usize,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_merge(
+        ctx: flashattn_context_t,
+        args: *const flashattn_merge_args_t,
+    ) -> flashattn_status_t;
+}

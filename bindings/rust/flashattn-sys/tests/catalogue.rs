@@ -18,12 +18,26 @@ const D: usize = 32;
 const POISON: u8 = 0xA5;
 const OPTIONS_BLOCK: usize = 4096;
 const SIZE_SENTINEL: usize = 0xDEAD_BEEF_CAFE_F00D;
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 16] = [
     "q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k",
+    "parts_out", "parts_lse",
 ];
-/// The variant tensors (the last five names) exist for the _ex ops only (FORMAT.md).
+/// The variant tensors (the next five names) exist for the _ex ops only, the merge's parts (the
+/// last two) for the merge only (FORMAT.md).
 const PLAIN_TENSORS: usize = 9;
-const OPS: [&str; 8] = ["forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex"];
+const EX_TENSORS: usize = 14;
+const OPS: [&str; 9] =
+    ["forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex", "merge"];
+/// The merge's parts: three of out's and lse's shapes, one after another.
+const PARTS: usize = 3;
+
+fn merge_bytes(name: &str) -> Option<usize> {
+    match name {
+        "parts_out" => Some(PARTS * B * NQ * HQ * D * 4),
+        "parts_lse" => Some(PARTS * B * HQ * NQ * 4),
+        _ => None,
+    }
+}
 
 fn offsets(name: &str) -> Option<[i32; 3]> {
     match name {
@@ -46,14 +60,14 @@ fn variant_bytes(name: &str) -> Option<usize> {
 fn shape(name: &str) -> Vec<usize> {
     match name {
         "k" | "v" | "dk" | "dv" => vec![B, NK, HKV, D],
-        "lse" => vec![B, HQ, NQ],
+        "lse" | "parts_lse" => vec![B, HQ, NQ],
         _ => vec![B, NQ, HQ, D],
     }
 }
 
 fn outputs(op: &str) -> &'static [&'static str] {
     match op {
-        "forward" | "forward_ex" => &["out", "lse"],
+        "forward" | "forward_ex" | "merge" => &["out", "lse"],
         "backward" => &["dq", "dk", "dv"],
         "backward_ex" => &["dq", "dk", "dv", "dsinks"],
         _ => &[],
@@ -114,8 +128,9 @@ struct Call {
     workspace_ptr: *mut std::os::raw::c_void,
     workspace_size: usize,
     backward: i32,
-    names: &'static [&'static str],
+    names: Vec<&'static str>,
     args: flashattn_args_t,
+    merge: flashattn_merge_args_t,
     pass_args: bool,
 }
 
@@ -128,14 +143,20 @@ impl Call {
             op: op.into(), ctx, call_ctx: ctx, buffers: HashMap::new(), contents: HashMap::new(), views: HashMap::new(),
             passed: HashMap::new(), ends: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
             workspace: Vec::new(), workspace_ptr: ptr::null_mut(), workspace_size: 0, backward: 0,
-            names: if op.ends_with("_ex") { &NAMES } else { &NAMES[..PLAIN_TENSORS] },
-            // SAFETY: a plain C struct; flashattn_args_init fills it below.
-            args: unsafe { std::mem::zeroed() }, pass_args: true,
+            names: match op {
+                _ if op.ends_with("_ex") => NAMES[..EX_TENSORS].to_vec(),
+                "merge" => NAMES[..PLAIN_TENSORS].iter().chain(&NAMES[EX_TENSORS..]).copied().collect(),
+                _ => NAMES[..PLAIN_TENSORS].to_vec(),
+            },
+            // SAFETY: plain C structs; flashattn_args_init and flashattn_merge_args_init fill them below.
+            args: unsafe { std::mem::zeroed() }, merge: unsafe { std::mem::zeroed() }, pass_args: true,
         };
         check(unsafe { flashattn_args_init(&mut c.args) }, "args_init");
-        for &name in c.names {
+        check(unsafe { flashattn_merge_args_init(&mut c.merge) }, "merge_args_init");
+        (c.merge.num_parts, c.merge.parts_out_stride, c.merge.parts_lse_stride) = (PARTS as i64, (B * NQ * HQ * D) as i64, (B * HQ * NQ) as i64);
+        for name in c.names.clone() {
             let s = shape(name);
-            let bytes = variant_bytes(name).unwrap_or_else(|| 4 * s.iter().product::<usize>());
+            let bytes = merge_bytes(name).or(variant_bytes(name)).unwrap_or_else(|| 4 * s.iter().product::<usize>());
             let mut buf = ptr::null_mut();
             check(unsafe { flashattn_buffer_create(&mut buf, ctx, bytes) }, "buffer");
             c.buffers.insert(name, buf);
@@ -161,7 +182,7 @@ impl Call {
                     Some(_) => (flashattn_dtype_FLASHATTN_DTYPE_INT32, B as i64 + 1),
                     None => (flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, HQ as i64),
                 };
-            } else if name == "lse" {
+            } else if name == "lse" || name == "parts_lse" {
                 check(unsafe { flashattn_tensor_lse(&mut *view, address, a, b2, c2) }, "tensor_lse");
             } else {
                 check(unsafe { flashattn_tensor_4d(&mut *view, address, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, a, b2, c2, s[3] as i64) }, "tensor_4d");
@@ -231,7 +252,14 @@ impl Call {
                 self.passed.insert(NAMES.iter().find(|&&n| n == name).unwrap(), value == "given");
             }
             ("args", "null") => self.pass_args = false,
+            ("args.size", n) if self.op == "merge" => self.merge.size = int(n)? as usize,
             ("args.size", n) => self.args.size = int(n)? as usize,
+            ("args.num_parts" | "args.parts_out_stride" | "args.parts_lse_stride", _) if self.op != "merge" => {
+                return Err(format!("{key} belongs to the merge op"));
+            }
+            ("args.num_parts", n) => self.merge.num_parts = int(n)?,
+            ("args.parts_out_stride", n) => self.merge.parts_out_stride = int(n)?,
+            ("args.parts_lse_stride", n) => self.merge.parts_lse_stride = int(n)?,
             ("args.max_seqlen_q", n) => self.args.max_seqlen_q = int(n)?,
             ("args.max_seqlen_k", n) => self.args.max_seqlen_k = int(n)?,
             ("varlen", "1") => self.make_varlen()?,
@@ -350,10 +378,14 @@ impl Call {
         a.options = opts;
         [a.q, a.k, a.v, a.out, a.lse, a.dout, a.dq, a.dk, a.dv, a.alibi_slopes, a.sinks, a.dsinks, a.cu_seqlens_q, a.cu_seqlens_k] = fields;
         let args: *const flashattn_args_t = if self.pass_args { &self.args } else { ptr::null() };
+        let m = [self.arg("parts_out"), self.arg("parts_lse"), self.arg("out"), self.arg("lse")];
+        [self.merge.parts_out, self.merge.parts_lse, self.merge.out, self.merge.lse] = m;
+        let merge: *const flashattn_merge_args_t = if self.pass_args { &self.merge } else { ptr::null() };
         // SAFETY: every pointer is NULL or points at a live view, options block or buffer; the
         // catalogue's cases are exactly what the library must reject without touching memory.
         unsafe {
             match self.op.as_str() {
+                "merge" => (flashattn_merge(self.call_ctx, merge), true),
                 "forward_ex" => (flashattn_forward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
                 "backward_ex" => (flashattn_backward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
                 "supported_ex" => (flashattn_supported_ex(self.call_ctx, args, self.backward), true),
@@ -408,8 +440,10 @@ impl Drop for Call {
 fn baselines_succeed() {
     let variants = ["-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
         "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"];
+    let merge_variants = ["-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse", "args.parts_out_stride=0;args.parts_lse_stride=0"];
     for op in OPS {
-        for mutations in variants.iter().filter(|m| **m == "-" || op.ends_with("_ex")) {
+        let lines: &[&str] = if op == "merge" { &merge_variants } else { &variants };
+        for mutations in lines.iter().filter(|m| **m == "-" || op.ends_with("_ex") || op == "merge") {
             for backward in [0, 1] {
                 let mut call = Call::new(op);
                 if *mutations != "-" {

@@ -18,6 +18,13 @@ fn inits_pass_the_struct_size() {
     assert_eq!(unsafe { flashattn_args_init(a.as_mut_ptr()) }, flashattn_status_FLASHATTN_SUCCESS);
     assert_eq!(unsafe { a.assume_init() }.size, size_of::<flashattn_args_t>());
 
+    let mut m = MaybeUninit::<flashattn_merge_args_t>::zeroed();
+    // SAFETY: the struct has room for size_of::<flashattn_merge_args_t>() bytes.
+    assert_eq!(unsafe { flashattn_merge_args_init(m.as_mut_ptr()) }, flashattn_status_FLASHATTN_SUCCESS);
+    let m = unsafe { m.assume_init() };
+    assert_eq!((m.size, m.num_parts), (size_of::<flashattn_merge_args_t>(), 0));
+    assert!(m.parts_out.is_null() && m.lse.is_null());
+
     o.softcap = 2.0;
     let status = unsafe { flashattn_options_init_sized(&mut o, 8) };
     assert_eq!(status, flashattn_status_FLASHATTN_ERROR_INVALID_ARGUMENT);

@@ -29,7 +29,7 @@ impl Dims {
     }
 }
 
-fn elements(shape: &[usize]) -> Result<usize> {
+pub(crate) fn elements(shape: &[usize]) -> Result<usize> {
     shape.iter().try_fold(1usize, |n, &s| n.checked_mul(s))
         .ok_or_else(|| Error::new(Status::INVALID_SHAPE, format!("shape {shape:?} is too large")))
 }
@@ -43,13 +43,13 @@ fn expect_len(name: &str, len: usize, shape: &[usize]) -> Result<()> {
 }
 
 /// Host data as views: in place on the CPU, through buffers of the context elsewhere.
-enum Staged<'a, T: Element> {
+pub(crate) enum Staged<'a, T: Element> {
     Host(&'a [T]),
     Device(Buffer),
 }
 
 impl<'a, T: Element> Staged<'a, T> {
-    fn new(ctx: &Context, on_cpu: bool, data: &'a [T]) -> Result<Self> {
+    pub(crate) fn new(ctx: &Context, on_cpu: bool, data: &'a [T]) -> Result<Self> {
         Ok(if on_cpu { Staged::Host(data) } else { Staged::Device(ctx.buffer_from(data)?) })
     }
 
@@ -62,7 +62,7 @@ impl<'a, T: Element> Staged<'a, T> {
 }
 
 /// Outputs: written in place on the CPU, read back from buffers elsewhere.
-struct Output<T: Element> {
+pub(crate) struct Output<T: Element> {
     data: Vec<T>,
     buffer: Option<Buffer>,
     shape: Vec<usize>,
@@ -70,20 +70,20 @@ struct Output<T: Element> {
 }
 
 impl<T: Element> Output<T> {
-    fn new(ctx: &Context, on_cpu: bool, shape: &[usize], dtype: DType) -> Result<Self> {
+    pub(crate) fn new(ctx: &Context, on_cpu: bool, shape: &[usize], dtype: DType) -> Result<Self> {
         let n = elements(shape)?;
         let buffer = if on_cpu { None } else { Some(ctx.buffer((n * dtype.size()).max(1))?) };
         Ok(Output { data: vec![T::default(); n], buffer, shape: shape.to_vec(), dtype })
     }
 
-    fn view(&mut self) -> Result<ViewMut<'_>> {
+    pub(crate) fn view(&mut self) -> Result<ViewMut<'_>> {
         match &mut self.buffer {
             None => ViewMut::new(&mut self.data, &self.shape),
             Some(buf) => ViewMut::of_buffer(buf, 0, self.dtype, &self.shape, None),
         }
     }
 
-    fn finish(mut self) -> Result<Vec<T>> {
+    pub(crate) fn finish(mut self) -> Result<Vec<T>> {
         if let Some(buf) = &self.buffer {
             buf.read(0, &mut self.data)?;
         }
@@ -92,7 +92,7 @@ impl<T: Element> Output<T> {
 }
 
 impl Context {
-    fn on_cpu(&self) -> Result<bool> {
+    pub(crate) fn on_cpu(&self) -> Result<bool> {
         Ok(self.backend()? == Backend::Cpu)
     }
 

@@ -30,10 +30,12 @@ use std::ptr::{self, NonNull};
 use flashattn_sys as sys;
 
 mod host;
+mod merge;
 mod variants;
 mod view;
 
 pub use host::Dims;
+pub use merge::Parts;
 pub use variants::{Gradients, Variants};
 pub use view::{Element, View, ViewMut, BF16, F16};
 

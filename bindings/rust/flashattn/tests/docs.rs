@@ -26,3 +26,16 @@ fn docs_show_the_variants_example() {
         assert!(source.contains(&format!("//! {line}\n")), "the documented line {line:?} is not variants.rs's example");
     }
 }
+
+#[test]
+fn docs_show_the_merge_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../..");
+    let docs = std::fs::read_to_string(format!("{root}/docs/bindings.md")).expect("docs/bindings.md");
+    let section = &docs[docs.find("## Merging partial results").expect("a merge section")..];
+    let source = include_str!("../src/merge.rs");
+    let start = section.find("```rust\n").expect("a rust block") + "```rust\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    for line in block.trim().lines() {
+        assert!(source.contains(&format!("//! {line}\n")), "the documented line {line:?} is not merge.rs's example");
+    }
+}

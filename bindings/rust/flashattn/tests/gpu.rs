@@ -94,3 +94,33 @@ fn gpu_buffers_and_errors() {
     let e = gpu.attention(&d, &f32s, &f32s, &f32s, &Options::default()).unwrap_err();
     assert!(e.message().starts_with("flashattn_forward: "), "float32 on the GPU: {e}");
 }
+
+/// Merge on a CUDA context against the CPU backend's merge of the same parts: the same
+/// arithmetic in f32, so at most about one unit in the last place of the dtype apart.
+fn check_merge<T: Value>(gpu: &Context, cpu: &Context) {
+    let d = Dims { batch: 2, seqlen_q: 33, seqlen_k: 1, heads_q: 4, heads_kv: 4, head_dim: 64 };
+    const PARTS: usize = 5;
+    let outs = random::<T>(PARTS * d.q_shape().iter().product::<usize>(), 31);
+    let lses: Vec<f32> = to_f64(&random::<f32>(PARTS * d.lse_shape().iter().product::<usize>(), 32))
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % 7 == 0 { f32::NEG_INFINITY } else { 3.0 * x as f32 })
+        .collect();
+    let (g_out, g_lse) = gpu.merge_parts(&d, PARTS, &outs, &lses).expect("GPU merge");
+    let (c_out, c_lse) = cpu.merge_parts(&d, PARTS, &outs, &lses).expect("CPU merge");
+    let ulp = if T::DTYPE == DType::F16 { 1.0 / 1024.0 } else { 1.0 / 128.0 };
+    let worst = to_f64(&g_out).iter().zip(to_f64(&c_out)).map(|(g, c)| (g - c).abs() / c.abs().max(1.0)).fold(0.0, f64::max);
+    assert!(worst <= 2.0 * ulp, "{:?}: GPU and CPU merges differ by {worst}", T::DTYPE);
+    for (g, c) in g_lse.iter().zip(&c_lse) {
+        assert!(g == c || (g - c).abs() <= 1e-5 * c.abs().max(1.0), "{:?}: merged LSEs {g} and {c}", T::DTYPE);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with --ignored on a machine with one"]
+fn gpu_merge() {
+    let gpu = gpu();
+    let cpu = Context::new(Backend::Cpu, 0).unwrap();
+    check_merge::<F16>(&gpu, &cpu);
+    check_merge::<BF16>(&gpu, &cpu);
+}
