@@ -105,7 +105,8 @@ summary_lines+=("GPU: $gpu_line")
 build_cmd() {
   set -e
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFLASHATTN_CUDA_ARCHS="$archs" -DFLASHATTN_TEST_HOOKS=ON -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_EXAMPLES=ON
+    -DFLASHATTN_CUDA_ARCHS="$archs" -DFLASHATTN_TEST_HOOKS=ON -DFLASHATTN_CUDA_LINEINFO=ON \
+    -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_EXAMPLES=ON
   # Everything: on 16 cores the whole tree builds in well under a minute, and a test executable
   # left unbuilt would show up as "Not Run".
   ninja -C "$build" -j "$(nproc)"
