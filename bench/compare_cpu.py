@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""libflashattn's CPU backend beside PyTorch's CPU scaled_dot_product_attention, in one process.
+
+For each thread count (--threads: 2 and all cores by default), dtype (fp32, bf16; fp16 with
+--dtypes), head dim (64, 128), seqlen (1k, 4k) and mask (causal and not) it times
+
+  ours   libflashattn through ctypes (the .so given by --lib), backend CPU, algorithm flash,
+         on [B, N, H, D] tensors, with flashattn_context_set_num_threads(threads);
+  torch  torch.nn.functional.scaled_dot_product_attention on CPU tensors [B, H, N, D] holding
+         the same values (its preferred layout), with torch.set_num_threads(threads);
+
+forward, and forward+backward (ours: flashattn_forward then flashattn_backward; torch: the
+forward with requires_grad and out.backward(dout)). The two alternate call by call (one
+warm-up each, then --repeats timed pairs), so that both meet the same state of the machine;
+the median of each is reported, and the ratio ours / torch (above 1: ours is faster).
+GFLOP/s: forward 4*B*H*N^2*D (causal: half), forward+backward 3.5x that. Once per shape the
+outputs are compared (max |ours - torch| over out, and over dq, dk, dv).
+
+Progress goes to stderr, one line as each shape starts; the table (markdown) to stdout; --json
+writes every record.
+
+torch is not needed to build or test the project; this program alone needs it:
+  python3 -m venv venv && venv/bin/pip install numpy torch
+  venv/bin/python bench/compare_cpu.py --lib build-cpu/lib/libflashattn.so [--quick]
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_sdpa import (ALGO_FLASH, BACKEND_CPU, DTYPE_BF16, DTYPE_F16, DTYPE_F32, Call,  # noqa: E402
+                          Context, Lib, Progress, tensor_view)
+
+FORWARD_FLOP_MULT = 1.0
+FWDBWD_FLOP_MULT = 3.5  # backward = 2.5 forwards of matrix work
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", default="build-cpu/lib/libflashattn.so")
+    ap.add_argument("--threads", default="2,all",
+                    help="comma-separated thread counts; 'all' = os.cpu_count()")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="of fp32, bf16, fp16")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--seqlens", default="1024,4096")
+    ap.add_argument("--causal", default="no,yes")
+    ap.add_argument("--modes", default="fwd,fwdbwd", help="of fwd, fwdbwd")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls of each, interleaved")
+    ap.add_argument("--quick", action="store_true", help="seqlen 1024 only, 2 repeats")
+    ap.add_argument("--json", help="write the records here")
+    args = ap.parse_args()
+    threads = []
+    for t in args.threads.split(","):
+        n = os.cpu_count() if t == "all" else int(t)
+        if n not in threads:
+            threads.append(n)
+    args.threads = threads
+    args.dtypes = args.dtypes.split(",")
+    args.dims = [int(x) for x in args.dims.split(",")]
+    args.seqlens = [int(x) for x in args.seqlens.split(",")]
+    args.causal = [c == "yes" for c in args.causal.split(",")]
+    args.modes = args.modes.split(",")
+    if args.quick:
+        args.seqlens, args.repeats = [1024], 2
+    return args
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        sys.exit("compare_cpu.py needs torch: python3 -m venv venv && venv/bin/pip install numpy "
+                 "torch, then run it with venv/bin/python")
+
+    lib = Lib(args.lib)
+    lib.so.flashattn_context_set_num_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.so.flashattn_context_set_num_threads.restype = ctypes.c_int
+    ctx = Context(lib, BACKEND_CPU)
+    tdtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    cdtypes = {"fp32": DTYPE_F32, "bf16": DTYPE_BF16, "fp16": DTYPE_F16}
+
+    def view_of(t, dtype):
+        return tensor_view(t.data_ptr(), dtype, list(t.shape), list(t.stride()))
+
+    def timed(fn):
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def gflops(B, N, H, D, causal, seconds, mult):
+        flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0) * mult
+        return flops / seconds / 1e9
+
+    cpu_name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu_name = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"compare_cpu: {cpu_name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+          f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), libflashattn "
+          f"{lib.version()} ({args.lib}); load average {os.getloadavg()[0]:.2f}")
+    print(f"B={args.batch} H={args.heads} Nq=Nk, median of {args.repeats} interleaved calls; "
+          "GFLOP/s forward 4BHN^2D (causal half), fwd+bwd 3.5x; ratio = ours / torch\n")
+    print("| threads | dtype | D | N | causal | mode | ours ms | torch ms | ours GFLOP/s | "
+          "torch GFLOP/s | ours/torch | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    shapes = [(th, dt, d, n, c) for th in args.threads for dt in args.dtypes for d in args.dims
+              for n in args.seqlens for c in args.causal]
+    progress = Progress(len(shapes), "compare_cpu")
+    records = []
+    B, H = args.batch, args.heads
+    for threads, dtype_name, D, N, causal in shapes:
+        progress.step(f"{threads} threads {dtype_name} d{D} n{N}{' causal' if causal else ''}")
+        torch.set_num_threads(threads)
+        lib.check(lib.so.flashattn_context_set_num_threads(ctx.handle, threads), "set_num_threads")
+        dtype = tdtypes[dtype_name]
+        g = torch.Generator().manual_seed(1234)
+        q, k, v, dout = (torch.randn(B, N, H, D, generator=g).to(dtype) for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, N, dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        call = Call(ctx, q, k, v, out, lse, dout, dq, dk, dv, cdtypes[dtype_name], causal,
+                    ALGO_FLASH, view_of)
+        qh, kh, vh, doh = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (qh, kh, vh))
+
+        def torch_forward():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+
+        def torch_fwdbwd():
+            for t in (qg, kg, vg):
+                t.grad = None
+            F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(doh)
+
+        def ours_fwdbwd():
+            call.forward()
+            call.backward()
+
+        runs = {"fwd": (call.forward, torch_forward, FORWARD_FLOP_MULT),
+                "fwdbwd": (ours_fwdbwd, torch_fwdbwd, FWDBWD_FLOP_MULT)}
+        for mode in args.modes:
+            ours_fn, torch_fn, mult = runs[mode]
+            ours_fn()
+            torch_fn()
+            ours_t, torch_t = [], []
+            for _ in range(args.repeats):
+                ours_t.append(timed(ours_fn))
+                torch_t.append(timed(torch_fn))
+            ours_s, torch_s = statistics.median(ours_t), statistics.median(torch_t)
+            if mode == "fwd":
+                ref = torch_forward().transpose(1, 2)
+                diff = float((out.float() - ref.float()).abs().max())
+            else:
+                diff = max(float((mine.float() - theirs.grad.transpose(1, 2).float()).abs().max())
+                           for mine, theirs in ((dq, qg), (dk, kg), (dv, vg)))
+            ours_g = gflops(B, N, H, D, causal, ours_s, mult)
+            torch_g = gflops(B, N, H, D, causal, torch_s, mult)
+            print(f"| {threads} | {dtype_name} | {D} | {N} | {'yes' if causal else 'no'} | "
+                  f"{'fwd' if mode == 'fwd' else 'fwd+bwd'} | {ours_s * 1e3:.1f} | "
+                  f"{torch_s * 1e3:.1f} | {ours_g:.0f} | {torch_g:.0f} | "
+                  f"{ours_g / torch_g:.2f} | {diff:.2g} |", flush=True)
+            records.append({"threads": threads, "dtype": dtype_name, "head_dim": D, "seqlen": N,
+                            "batch": B, "heads": H, "causal": causal, "mode": mode,
+                            "ours_s": ours_t, "torch_s": torch_t, "ours_gflops": ours_g,
+                            "torch_gflops": torch_g, "ratio": ours_g / torch_g,
+                            "max_abs_diff": diff, "load_average": os.getloadavg()[0]})
+    ctx.close()
+    ratios = [r["ratio"] for r in records]
+    if ratios:
+        print(f"\nours / torch: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}, "
+              f"max {max(ratios):.2f} over {len(ratios)} rows; load average now "
+              f"{os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_name, "torch": torch.__version__, "records": records}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
