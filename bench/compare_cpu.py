@@ -45,7 +45,7 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lib", default="build-cpu/lib/libflashattn.so")
     ap.add_argument("--threads", default="2,all",
-                    help="comma-separated thread counts; 'all' = os.cpu_count()")
+                    help="comma-separated thread counts; 'all' = the CPUs this process may use")
     ap.add_argument("--dtypes", default="fp32,bf16", help="of fp32, bf16, fp16")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096")
@@ -57,9 +57,11 @@ def parse_args():
     ap.add_argument("--quick", action="store_true", help="seqlen 1024 only, 2 repeats")
     ap.add_argument("--json", help="write the records here")
     args = ap.parse_args()
+    # "all": the CPUs this process may run on (a container or taskset may allow fewer than exist)
+    all_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = []
     for t in args.threads.split(","):
-        n = os.cpu_count() if t == "all" else int(t)
+        n = all_cpus if t == "all" else int(t)
         if n not in threads:
             threads.append(n)
     args.threads = threads
