@@ -12,8 +12,10 @@
 #define FA_ISA_NS avx2
 #define FA_ISA_NAME "avx2"
 #define FA_W 8
-#define FA_RMAX 4
-#define FA_NVMAX 3
+// GEMM block 6 rows x 2 vectors: 12 accumulators, 2 B vectors and a broadcast fill the 16 ymm
+// registers, and 64-column tiles split into whole 16-column blocks (4 x 24 left a 16 remainder).
+#define FA_RMAX 6
+#define FA_NVMAX 2
 #define FA_FMA 1
 #include "cpu/kernels_impl.hpp"
 
