@@ -16,7 +16,7 @@ constexpr int kBlockK = 64;  // keys per tile
 constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
-constexpr int kMaxQueryGroup = 4;  // flash forward: query tiles sharing each K/V tile load
+constexpr int kMaxQueryGroup = 8;  // flash forward: query tiles sharing each K/V tile load
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
