@@ -418,4 +418,19 @@ void check_backward(const Case& c) {
   }
 }
 
+Case shaped_case(flashattn_dtype_t dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                 int64_t heads_q, int64_t heads_kv, int64_t head_dim, bool causal, uint64_t seed) {
+  Case c;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.heads_q = heads_q;
+  c.heads_kv = heads_kv;
+  c.head_dim = head_dim;
+  c.causal = causal;
+  c.seed = seed;
+  return c;
+}
+
 }  // namespace flashattn_test

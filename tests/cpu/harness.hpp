@@ -65,6 +65,10 @@ struct Case {
   RefProblem ref() const;  // the slopes and sinks come from make_inputs: see Inputs::ref
 };
 
+// A case of these sizes, every variant off; the seed is the suite's own (each keeps its inputs).
+Case shaped_case(flashattn_dtype_t dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
+                 int64_t heads_q, int64_t heads_kv, int64_t head_dim, bool causal, uint64_t seed);
+
 // The tensors of one case. For a variable-length batch the storage is [1, total, heads, d] (and
 // the LSE [1, Hq, total_q]); the calls see it as [total, heads, d] ([Hq, total_q]).
 struct Inputs {

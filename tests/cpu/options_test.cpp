@@ -17,17 +17,7 @@ namespace {
 
 Case make(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq, int64_t hkv,
           int64_t d, bool causal) {
-  Case c;
-  c.dtype = dtype;
-  c.batch = b;
-  c.seqlen_q = nq;
-  c.seqlen_k = nk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  c.causal = causal;
-  c.seed = 77;
-  return c;
+  return shaped_case(dtype, b, nq, nk, hq, hkv, d, causal, 77);
 }
 
 bool same_bytes(const HostTensor& a, const HostTensor& b) {

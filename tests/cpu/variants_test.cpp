@@ -24,18 +24,9 @@ const flashattn_dtype_t kDtypes[] = {F32, F16, BF16};
 
 Case make(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq, int64_t hkv,
           int64_t d, bool causal = false) {
-  Case c;
-  c.dtype = dtype;
-  c.batch = b;
-  c.seqlen_q = nq;
-  c.seqlen_k = nk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  c.causal = causal;
-  c.seed = static_cast<uint64_t>(nq * 37 + nk * 11 + d * 7 + (causal ? 3 : 0) +
-                                 static_cast<int>(dtype) * 1000);
-  return c;
+  const uint64_t seed = static_cast<uint64_t>(nq * 37 + nk * 11 + d * 7 + (causal ? 3 : 0) +
+                                            static_cast<int>(dtype) * 1000);
+  return shaped_case(dtype, b, nq, nk, hq, hkv, d, causal, seed);
 }
 
 Case windowed(Case c, int32_t left, int32_t right) {
