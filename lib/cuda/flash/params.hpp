@@ -11,7 +11,25 @@ struct LaunchInfo {
   int sm_count;
 };
 
-struct FwdParams {
+// The variants (KERNELS.md), which the forward and the backward read alike: the mask's bounds
+// (causal folded in, -1: unbounded), the softcap (0: none), ALiBi slopes (null: none; slope of
+// (b, h) at b * alibi_batch_stride + h * alibi_head_stride), attention sinks (null: none; sink
+// of h at h * sinks_stride), and variable-length batches (null: fixed): B + 1 offsets of each
+// sequence's first query and key row in the packed tensors (common::SeqlenInfo); seqlen_q and
+// seqlen_k of the parameters are then the largest.
+struct VariantParams {
+  int window_left, window_right;
+  float softcap;
+  const float* alibi;
+  int64_t alibi_batch_stride, alibi_head_stride;
+  const float* sinks;
+  int64_t sinks_stride;
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
+};
+
+struct FwdParams : VariantParams {
   const void* q;
   const void* k;
   const void* v;
@@ -26,23 +44,9 @@ struct FwdParams {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   bool causal;       // the mask's right bound is the diagonal (the tile order's choice)
-  // The variants (KERNELS.md): the mask's bounds (causal folded in, -1: unbounded), the softcap
-  // (0: none), ALiBi slopes (null: none; slope of (b, h) at b * alibi_batch_stride +
-  // h * alibi_head_stride) and attention sinks (null: none; sink of h at h * sinks_stride).
-  int window_left, window_right;
-  float softcap;
-  const float* alibi;
-  int64_t alibi_batch_stride, alibi_head_stride;
-  const float* sinks;
-  int64_t sinks_stride;
-  // Variable-length batches (null: fixed): B + 1 offsets of each sequence's first query and key
-  // row in the packed tensors (common::SeqlenInfo); seqlen_q, seqlen_k are then the largest.
-  const int* cu_seqlens_q;
-  const int* cu_seqlens_k;
-  int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
 };
 
-struct BwdParams {
+struct BwdParams : VariantParams {
   const void* q;
   const void* k;
   const void* v;
@@ -73,20 +77,6 @@ struct BwdParams {
   float scale;
   float scale_log2;
   bool causal;
-  // The variants (KERNELS.md): the mask's bounds (causal folded in, -1: unbounded), the softcap
-  // (0: none), ALiBi slopes (null: none; slope of (b, h) at b * alibi_batch_stride +
-  // h * alibi_head_stride) and attention sinks (null: none; sink of h at h * sinks_stride).
-  int window_left, window_right;
-  float softcap;
-  const float* alibi;
-  int64_t alibi_batch_stride, alibi_head_stride;
-  const float* sinks;
-  int64_t sinks_stride;
-  // Variable-length batches (null: fixed): B + 1 offsets of each sequence's first query and key
-  // row in the packed tensors (common::SeqlenInfo); seqlen_q, seqlen_k are then the largest.
-  const int* cu_seqlens_q;
-  const int* cu_seqlens_k;
-  int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
   // dsinks (null: not wanted): written by the last launch from per-block partial sums in the
   // workspace, [batch, heads_q, seqlen_q_rounded / 64], in a fixed order.
   float* dsinks;

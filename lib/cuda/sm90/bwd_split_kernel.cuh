@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
+#include "cuda/common/bwd_scores.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -161,33 +162,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_s);
       fence_registers(acc_dp);
-      // The masks in the same pass (where P is final, so that dsinks sees the masked P).
-      const int key0 = n0 + warp * 16 + g;
-      const int q0 = m0 + wg * kQSplit;
-      const bool masked = mask.needs_mask(m0, kBlockM, n0, kBlockN);
-      int q_lo[2], q_hi[2];  // the queries that see each of this thread's two keys
-#pragma unroll
-      for (int h = 0; h < 2; ++h) mask.queries_of(key0 + 8 * h, q_lo[h], q_hi[h]);
-      const float sink2 = common::sink_log2_of(p, head);
-#pragma unroll
-      for (int j = 0; j < kQSplit / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * j + 2 * t + (e % 2);
-          float dcap;
-          const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
-          float prob = common::exp2_approx(x - lse2[col]);
-          if (masked && common::WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) {
-            prob = 0.0f;
-          }
-          if (with_dsinks) {
-            dsink.add(common::DsinkAccumulator::sink_share(sink2, lse2[col]), prob,
-                      acc_dp[4 * j + e]);
-          }
-          acc_s[4 * j + e] = prob;
-          acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
-        }
-      }
+      // The masks in the same pass, where P is final (dsinks must see the masked P).
+      common::general_scores_transposed<kQSplit / 8>(
+          acc_s, acc_dp, lse2, dsum, mod, mask, mask.needs_mask(m0, kBlockM, n0, kBlockN),
+          n0 + warp * 16 + g, m0 + wg * kQSplit, t, common::sink_log2_of(p, head), with_dsinks, dsink);
     } else {
 #pragma unroll
       for (int j = 0; j < kQSplit / 8; ++j) {
@@ -198,12 +176,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
               common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
         }
       }
-    }
-    if constexpr (!kGeneral) {
       // Masks, only where some key of the block is hidden from some query of the step.
       if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
         mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
-                                                     m0 + wg * kQSplit + 2 * t, 0.0f);
+                                              m0 + wg * kQSplit + 2 * t, 0.0f);
       }
       wgmma_wait<0>();
       fence_registers(acc_dp);
