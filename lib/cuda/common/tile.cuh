@@ -99,6 +99,22 @@ __device__ __forceinline__ void store_tile(T* gmem, int64_t row_stride, const T*
   }
 }
 
+// Rows [row0, row0 + rows_valid) and columns [0, cols_valid) of a swizzled tile to global
+// memory, 16 bytes a thread, kThreads threads: cols_valid is a multiple of 8 (whole granules).
+template <class Tile, int kThreads, class T>
+__device__ __forceinline__ void store_rows(T* gmem, int64_t row_stride, const T* smem, int row0,
+                                           int rows_valid, int cols_valid, int tid) {
+  constexpr int kChunksPerRow = Tile::kCols / 8;
+  for (int idx = tid; idx < rows_valid * kChunksPerRow; idx += kThreads) {
+    const int r = idx / kChunksPerRow;
+    const int c = (idx % kChunksPerRow) * 8;
+    if (c < cols_valid) {
+      *reinterpret_cast<uint4*>(gmem + int64_t(r) * row_stride + c) =
+          *reinterpret_cast<const uint4*>(smem + Tile::offset(row0 + r, c));
+    }
+  }
+}
+
 // The dynamic shared memory rounded up to 1024 bytes (128B-swizzled operands need that
 // alignment), as an offset from the __shared__ array itself: a pointer rebuilt from an integer
 // loses its address space, and every access through it becomes a generic 64-bit one.

@@ -127,7 +127,8 @@ int smem_of(const Kernel<Launcher>* k) {
 // The bytes from the output's first element to one past its last ([batch, seqlen_q, heads_q,
 // head_dim]; strides are non-negative).
 size_t output_bytes(const Tensor4& o, const Problem& pr) {
-  const int64_t last = (pr.batch - 1) * o.stride_batch + (pr.seqlen_q - 1) * o.stride_seq +
+  const int64_t rows = pr.varlen ? pr.total_q : pr.seqlen_q;  // a packed batch: batch stride 0
+  const int64_t last = (pr.batch - 1) * o.stride_batch + (rows - 1) * o.stride_seq +
                        (pr.heads_q - 1) * o.stride_head + pr.head_dim - 1;
   return static_cast<size_t>(last + 1) * dtype_size(pr.dtype);
 }
@@ -276,6 +277,8 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
   p.cu_seqlens_k = variants.cu_seqlens_k.data;
   p.cu_seqlens_q_stride = variants.cu_seqlens_q.stride;
   p.cu_seqlens_k_stride = variants.cu_seqlens_k.stride;
+  p.total_q = pr.total_q;
+  p.total_k = pr.total_k;
 }
 
 }  // namespace

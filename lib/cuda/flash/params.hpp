@@ -27,6 +27,7 @@ struct VariantParams {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
+  int64_t total_q, total_k;  // rows of the packed tensors (variable-length batches)
 };
 
 struct FwdParams : VariantParams {

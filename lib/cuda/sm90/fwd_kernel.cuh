@@ -44,20 +44,29 @@ struct FwdTmaArgs {
 };
 
 // One tile as the producer and the consumers both see it: its coordinates, its first query
-// row, and the key blocks [n_begin, n_end) the mask leaves it.
+// row, the key blocks [n_begin, n_end) the mask leaves it, and where its rows are in the tensor
+// maps. A packed variable-length batch is one entry of the maps (batch coordinate 0) whose
+// rows are the sequences' rows one after another; a tile past its sequence's last query
+// (the grid covers the longest) loads nothing and stores nothing.
 template <int kBlockM, int kBlockN>
 struct FwdTile {
   common::TileCoord coord;
   common::SeqlenInfo seq;
   common::WindowMask mask;
   int m0, n_begin, n_end;
+  int map_batch;  // the batch coordinate in the tensor maps
   __device__ FwdTile(const cuda::FwdParams& p, const common::TileScheduler& sched, int tile)
       : coord(sched.at(tile)),
         seq(p, coord.batch),
         mask(common::mask_of(p, seq)),
-        m0(coord.m_block * kBlockM) {
+        m0(coord.m_block * kBlockM),
+        map_batch(p.cu_seqlens_q != nullptr ? 0 : coord.batch) {
     mask.n_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+    if (m0 >= seq.seqlen_q) n_end = n_begin;  // past its sequence's last query
   }
+  // The tensor maps' row of query row r and of key row r of this tile's sequence.
+  __device__ int q_row(int r) const { return seq.offset_q + r; }
+  __device__ int k_row(int r) const { return seq.offset_k + r; }
 };
 
 template <class T, int kHeadDim>
@@ -124,13 +133,13 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     RingSlot<kStages> kv;
     RingSlot<kQStages> q;
     // One block's K or V rows into a ring slot: one box per 64-column block.
-    auto load_kv = [&](const CUtensorMap* map, T* ring, uint64_t* full, int slot, int n,
+    auto load_kv = [&](const CUtensorMap* map, T* ring, uint64_t* full, int slot, int row,
                        int head_kv, int batch) {
       mbar_arrive_expect_tx(full + slot, Cfg::kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(ring + slot * TileKV::kElems + cb * kBlockN * 64, map, full + slot,
-                    cb * kTmaBoxCols, n * kBlockN, head_kv, batch);
+                    cb * kTmaBoxCols, row, head_kv, batch);
       }
     };
     for (int round = 0;; ++round) {
@@ -147,7 +156,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 #pragma unroll
         for (int cb = 0; cb < kColBlocks; ++cb) {
           tma_load_4d(sQ + q.index * TileQ::kElems + cb * kBlockM * 64, &args.q, q_full + q.index,
-                      cb * kTmaBoxCols, m0, c.head, c.batch);
+                      cb * kTmaBoxCols, w.q_row(m0), c.head, w.map_batch);
         }
       } else {
         mbar_arrive(q_full + q.index);  // nothing to load: the consumers write the empty block
@@ -158,17 +167,19 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       RingSlot<kStages> prev;
       for (int n = n_end - 1; n >= n_begin; --n) {
         mbar_wait(k_empty + kv.index, kv.phase ^ 1);
-        load_kv(&args.k, sK, k_full, kv.index, n, head_kv, c.batch);
+        load_kv(&args.k, sK, k_full, kv.index, w.k_row(n * kBlockN), head_kv, w.map_batch);
         if (n < n_end - 1) {
           mbar_wait(v_empty + prev.index, prev.phase ^ 1);
-          load_kv(&args.v, sV, v_full, prev.index, n + 1, head_kv, c.batch);
+          load_kv(&args.v, sV, v_full, prev.index, w.k_row((n + 1) * kBlockN), head_kv,
+                  w.map_batch);
         }
         prev = kv;
         kv.advance();
       }
       if (n_end > n_begin) {
         mbar_wait(v_empty + prev.index, prev.phase ^ 1);
-        load_kv(&args.v, sV, v_full, prev.index, n_begin, head_kv, c.batch);
+        load_kv(&args.v, sV, v_full, prev.index, w.k_row(n_begin * kBlockN), head_kv,
+                w.map_batch);
       }
     }
   } else {
@@ -327,13 +338,31 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       common::write_o_fragment<T, TileQ, 1, kDTiles>(stage, acc_o, inv, row_in_tile, t);
       common::fence_proxy_async();
       named_barrier_sync(wg_barrier, 128);
+      // This warpgroup's 64 rows: by TMA, which clips at the maps' last row; but in a packed
+      // batch the rows past a sequence's end are the next sequence's, so a warpgroup whose rows
+      // end inside its sequence stores the rows that exist itself.
+      // (Rows read again here: held across the main loop they would cost registers it needs.)
+      const common::SeqlenInfo rows_of(p, c.batch);
+      const int wg_m0 = m0 + 64 * cwg;
+      const int wg_rows = rows_of.seqlen_q - wg_m0;
+      const bool by_threads = p.cu_seqlens_q != nullptr && wg_rows < 64;
+      if (by_threads && wg_rows > 0) {
+        common::store_rows<TileQ, 128>(
+            static_cast<T*>(p.o) + c.head * p.o_head_stride +
+                int64_t(rows_of.offset_q + wg_m0) * p.o_row_stride,
+            p.o_row_stride, stage, 64 * cwg, wg_rows, p.head_dim, tid);
+        named_barrier_sync(wg_barrier, 128);  // every read of the staged rows is done
+      }
       if (leader) {
+        if (!by_threads && m0 < rows_of.seqlen_q) {
 #pragma unroll
-        for (int cb = 0; cb < kColBlocks; ++cb) {
-          tma_store_4d(&args.o, stage + cb * kBlockM * 64 + cwg * 64 * 64, cb * kTmaBoxCols,
-                       m0 + 64 * cwg, c.head, c.batch);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            tma_store_4d(&args.o, stage + cb * kBlockM * 64 + cwg * 64 * 64, cb * kTmaBoxCols,
+                         rows_of.offset_q + wg_m0, c.head,
+                         p.cu_seqlens_q != nullptr ? 0 : c.batch);
+          }
+          bulk_commit();
         }
-        bulk_commit();
         if (Cfg::kOAliasQ) {
           common::bulk_wait_read();  // O staged in the Q tile: free it for the next Q
           mbar_arrive(q_empty + q.index);
@@ -341,8 +370,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       }
       if (p.lse != nullptr) {
         float* lse_rows = p.lse + c.batch * p.lse_batch_stride + c.head * p.lse_head_stride +
-                          int64_t(m0) * p.lse_row_stride;
-        common::write_lse<1>(lse_rows, p.lse_row_stride, lse, row_in_tile, seq.seqlen_q - m0, t);
+                          int64_t(rows_of.offset_q + m0) * p.lse_row_stride;
+        common::write_lse<1>(lse_rows, p.lse_row_stride, lse, row_in_tile,
+                             rows_of.seqlen_q - m0, t);
       }
       q.advance();
     }
@@ -362,18 +392,20 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
   // the H200: head_dim 33 in rows padded to 40 had columns 33..39 overwritten), so rows that
   // end inside a granule go to the sm80 kernel, which stores them element by element.
   if (p.head_dim % kTmaGranuleElems != 0) return cudaErrorNotSupported;
-  // Packed variable-length batches: a TMA box would cross into the next sequence's rows (and
-  // store there), so they too take the sm80 kernel for now.
-  if (p.cu_seqlens_q != nullptr) return cudaErrorNotSupported;
   FwdTmaArgs args{};
   args.p = p;
-  const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+  // A packed variable-length batch is one entry of total rows (FwdTile).
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = packed ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = packed ? p.total_k : p.seqlen_k;
+  const int64_t entries = packed ? 1 : p.batch;
+  const TensorMapView q{p.q, kBf16, p.head_dim, rows_q, p.heads_q, entries,
                         p.q_row_stride, p.q_head_stride, p.q_batch_stride};
-  const TensorMapView k{p.k, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
+  const TensorMapView k{p.k, kBf16, p.head_dim, rows_k, p.heads_kv, entries,
                         p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const TensorMapView v{p.v, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
+  const TensorMapView v{p.v, kBf16, p.head_dim, rows_k, p.heads_kv, entries,
                         p.v_row_stride, p.v_head_stride, p.v_batch_stride};
-  const TensorMapView o{p.o, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+  const TensorMapView o{p.o, kBf16, p.head_dim, rows_q, p.heads_q, entries,
                         p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   if (!encode_tensor_map(&args.q, q, Cfg::kBlockM) ||
       !encode_tensor_map(&args.k, k, Cfg::kBlockN) ||
