@@ -40,7 +40,9 @@ cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, int block
 
 // One CTA's key block and its steps: the query blocks that see a key of it (the mask's
 // m_block_range), for each query head of its group in turn.
-template <int kBlockM, int kBlockN>
+// kMayBePacked: the kernel may run a packed variable-length batch (its general loop); the plain
+// kernels read fixed shapes only (SeqlenInfo's may_be_packed).
+template <int kBlockM, int kBlockN, bool kMayBePacked>
 struct BwdBlock {
   int n_block, head_kv, batch;
   SeqlenInfo seq;
@@ -55,7 +57,7 @@ struct BwdBlock {
       : n_block(c.m_block),
         head_kv(c.head),
         batch(c.batch),
-        seq(p, c.batch),
+        seq(p, c.batch, kMayBePacked),
         n0(c.m_block * kBlockN),
         rows_k(min(kBlockN, seq.seqlen_k - c.m_block * kBlockN)) {
     mask_of(p, seq).m_block_range(n0, rows_k, kBlockM, m_begin, m_end);

@@ -118,7 +118,8 @@ __host__ __device__ inline const float* dsinks_of(const cuda::BwdParams& p) { re
 // backward's general loop also sums the sinks' gradient, common/dsink.cuh).
 template <class Params>
 __host__ __device__ inline bool needs_general(const Params& p) {
-  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0 || dsinks_of(p) != nullptr;
+  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0 ||
+         dsinks_of(p) != nullptr || p.cu_seqlens_q != nullptr;
 }
 
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop

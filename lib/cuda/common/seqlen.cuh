@@ -14,9 +14,12 @@ struct SeqlenInfo {
   int seqlen_q, seqlen_k;
   int offset_q, offset_k;  // the entry's first row in the (packed) tensors
 
+  // may_be_packed = false (a constant in kernels compiled for fixed shapes only) reads the
+  // parameters alone: the lengths then stay uniform values the compiler keeps in the uniform
+  // datapath, as the address arithmetic built on them.
   template <class Params>
-  __device__ __forceinline__ SeqlenInfo(const Params& p, int batch) {
-    if (p.cu_seqlens_q != nullptr) {
+  __device__ __forceinline__ SeqlenInfo(const Params& p, int batch, bool may_be_packed = true) {
+    if (may_be_packed && p.cu_seqlens_q != nullptr) {
       const int64_t sq = p.cu_seqlens_q_stride, sk = p.cu_seqlens_k_stride;
       offset_q = p.cu_seqlens_q[batch * sq];
       offset_k = p.cu_seqlens_k[batch * sk];

@@ -27,8 +27,9 @@ namespace sm80 {
 
 // ---- 2. main ---------------------------------------------------------------------------------
 
-// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
-// without, the plain loop, compiled apart so that it keeps its registers.
+// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// (common::needs_general); without, the plain loop, compiled apart so that it keeps its
+// registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const cuda::BwdParams p) {
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   T* sdS = sP + TileP::kElems;
   float* sStats = reinterpret_cast<float*>(sdS + TileP::kElems);  // [2 stages][LSE2, D][kBlockM]
 
-  const common::BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;

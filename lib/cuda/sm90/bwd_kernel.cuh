@@ -32,8 +32,9 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
-// without, the plain loop, compiled apart so that it keeps its registers.
+// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// (common::needs_general); without, the plain loop, compiled apart so that it keeps its
+// registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const cuda::BwdParams p) {
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                                            Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
   // [2 stages][LSE * log2(e), D][kBlockM]
 
-  const common::BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
   const int warp = (tid % 128) / 32;  // warp within the warpgroup: accumulator rows 16 warp..

@@ -30,8 +30,9 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi and a window's left bound (common::needs_general);
-// without, the plain loop, compiled apart so that it keeps its registers.
+// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// (common::needs_general); without, the plain loop, compiled apart so that it keeps its
+// registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     bwd_split_kernel(const cuda::BwdParams p) {
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
                                            2 * Cfg::kPBytes);  // [2 stages][LSE2, D][64]
 
-  const common::BwdBlock<kBlockM, kBlockN> blk(p);
+  const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int warp = (tid % 128) / 32;  // accumulator rows 16 warp + g (+8): keys, or queries (dQ)
