@@ -11,6 +11,7 @@
 
 #include "cuda/common/epilogue.cuh"
 #include "cuda/common/mask.cuh"
+#include "cuda/common/repair.cuh"
 #include "cuda/common/scheduler.cuh"
 #include "cuda/common/score_mod.cuh"
 #include "cuda/common/seqlen.cuh"
@@ -33,7 +34,7 @@ __host__ __device__ inline common::TileScheduler tiles_of(const cuda::FwdParams&
 
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
-    fwd_kernel(const cuda::FwdParams p) {
+    fwd_kernel(const __grid_constant__ cuda::FwdParams p) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
@@ -212,6 +213,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
   softmax.finalize(inv, lse, common::sink_log2_of(p, here.head));
   __syncthreads();  // every warp is done reading sQ
   common::write_o_fragment<T, TileQ, kMTiles, kDTiles>(sQ, acc_o, inv, warp_row0 + g, t);
+  common::repair_spoiled_rows<T, TileQ, kHeadDim, kMTiles, kDTiles>(
+      p, here.batch, here.head, m0, warp_row0 + g, acc_o, inv, lse, sQ);
   common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows_out, t);
   __syncthreads();
   common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows_out, p.head_dim, tid);

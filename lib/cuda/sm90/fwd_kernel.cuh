@@ -21,6 +21,7 @@
 #include "cuda/common/epilogue.cuh"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/repair.cuh"
 #include "cuda/common/scheduler.cuh"
 #include "cuda/common/score_mod.cuh"
 #include "cuda/common/seqlen.cuh"
@@ -336,6 +337,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       }
       T* stage = Cfg::kOAliasQ ? sQ + q.index * TileQ::kElems : sO;
       common::write_o_fragment<T, TileQ, 1, kDTiles>(stage, acc_o, inv, row_in_tile, t);
+      common::repair_spoiled_rows<T, TileQ, kHeadDim, 1, kDTiles>(p, c.batch, c.head, m0,
+                                                                  row_in_tile, acc_o, inv, lse,
+                                                                  stage);
       common::fence_proxy_async();
       named_barrier_sync(wg_barrier, 128);
       // This warpgroup's 64 rows: by TMA, which clips at the maps' last row; but in a packed
