@@ -10,6 +10,7 @@
 #include "cuda/flash/params.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/arch.cuh"
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/dq_layout.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/scheduler.cuh"
@@ -21,6 +22,7 @@ namespace common {
 
 // Both run one CTA per block of kPrepostRows query rows of one head, in a 1-D grid.
 constexpr int kPrepostRows = 64;
+constexpr int kMaxHeadDim = 256;  // the header's bound on head_dim (a recomputed dq row's width)
 __host__ __device__ inline TileScheduler prepost_blocks(const cuda::BwdParams& p, int rows) {
   return TileScheduler{(rows + kPrepostRows - 1) / kPrepostRows, p.heads_q, p.batch,
                        TileOrder::kHeadMajor};
@@ -29,7 +31,8 @@ __host__ __device__ inline TileScheduler prepost_blocks(const cuda::BwdParams& p
 // ---- 1. preprocess ---------------------------------------------------------------------------
 
 template <class T>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdParams p) {
+__global__ void __launch_bounds__(256)
+    bwd_preprocess_kernel(const __grid_constant__ cuda::BwdParams p) {
   constexpr int kRows = kPrepostRows;
   const TileCoord blk = prepost_blocks(p, p.seqlen_q_rounded).at(blockIdx.x);
   const int m0 = blk.m_block * kRows;
@@ -95,7 +98,8 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const cuda::BwdPara
 // ---- 3. postprocess --------------------------------------------------------------------------
 
 template <class T>
-__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdParams p) {
+__global__ void __launch_bounds__(256)
+    bwd_postprocess_kernel(const __grid_constant__ cuda::BwdParams p) {
   constexpr int kRows = kPrepostRows;
   const TileCoord blk = prepost_blocks(p, p.seqlen_q).at(blockIdx.x);
   const int m0 = blk.m_block * kRows;
@@ -110,6 +114,11 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
   const int rows = min(kRows, seq.seqlen_q - m0);
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
   const bool blocked = bulk_dq(p.head_dim_padded);
+  // The rows whose accumulated dq holds a non-finite value (common/bwd_repair.cuh).
+  constexpr int kFlagWords = kRows / 32;
+  __shared__ uint32_t spoiled[kFlagWords];
+  if (threadIdx.x < kFlagWords) spoiled[threadIdx.x] = 0;
+  __syncthreads();
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
     const int r = i / chunks;
     const int c = (i % chunks) * 2;
@@ -119,10 +128,22 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
                        : blocked  ? acc + dq_block_offset(r, c, p.head_dim_padded)
                                   : acc + int64_t(r) * p.head_dim_padded + c;
     T* dst = dq + int64_t(r) * p.dq_row_stride + c;
-    if (c + 1 < p.head_dim) {  // c is even: the pair is adjacent in both layouts
+    const bool pair = c + 1 < p.head_dim;  // c is even: the pair is adjacent in both layouts
+    if (!isfinite(src[0]) || (pair && !isfinite(src[1]))) {
+      atomicOr(&spoiled[r / 32], 1u << (r % 32));
+    }
+    if (pair) {
       *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
     } else {
       dst[0] = T(src[0] * p.scale);
+    }
+  }
+  __syncthreads();
+  constexpr int kWarps = 256 / 32;
+  for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
+    if (spoiled[r / 32] & (1u << (r % 32))) {
+      recompute_query<T, kMaxHeadDim>(p, batch, head, m0 + r,
+                                      dq + int64_t(r) * p.dq_row_stride);
     }
   }
 }
@@ -133,7 +154,8 @@ __global__ void __launch_bounds__(256) bwd_postprocess_kernel(const cuda::BwdPar
 // in double and a fixed order.
 constexpr int kDsinkThreads = 256;
 template <class T>  // a template, so that every instance file including this may define it
-__global__ void __launch_bounds__(kDsinkThreads) bwd_dsinks_kernel(const cuda::BwdParams p) {
+__global__ void __launch_bounds__(kDsinkThreads)
+    bwd_dsinks_kernel(const __grid_constant__ cuda::BwdParams p) {
   const int head = blockIdx.x;
   const int64_t per_head = dsink_key_slots(p.seqlen_k) * kDsinkWarpSlots;
   const int64_t n = int64_t(p.batch) * per_head;

@@ -15,6 +15,7 @@
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/common/bwd_prepost.cuh"
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -32,7 +33,7 @@ namespace sm80 {
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
-    bwd_kernel(const cuda::BwdParams p) {
+    bwd_kernel(const __grid_constant__ cuda::BwdParams p) {
   using Cfg = BwdConfig<kHeadDim>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
@@ -395,6 +396,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
+  common::repair_spoiled_keys<T, TileKV, kHeadDim, Cfg::kNThreads>(
+      p, blk.batch, blk.head_kv, blk.n0, blk.rows_k, sK, sV, tid);
   common::store_dkdv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 }
 

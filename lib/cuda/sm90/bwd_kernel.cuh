@@ -19,6 +19,7 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_scores.cuh"
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -37,7 +38,7 @@ namespace sm90 {
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
-    bwd_kernel(const cuda::BwdParams p) {
+    bwd_kernel(const __grid_constant__ cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
   using Cfg = BwdConfig<kHeadDim>;
   constexpr int kThreads = Cfg::kNThreads;
@@ -287,6 +288,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
+  common::repair_spoiled_keys<T, TileKV, kHeadDim, kThreads>(p, blk.batch, blk.head_kv, blk.n0,
+                                                             blk.rows_k, sK, sV, tid);
   common::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }

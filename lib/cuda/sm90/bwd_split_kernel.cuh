@@ -17,6 +17,7 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_scores.cuh"
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -35,7 +36,7 @@ namespace sm90 {
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
 __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
-    bwd_split_kernel(const cuda::BwdParams p) {
+    bwd_split_kernel(const __grid_constant__ cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
   using Cfg = BwdSplitConfig<kHeadDim>;
   constexpr int kThreads = Cfg::kNThreads;
@@ -166,7 +167,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
       // The masks in the same pass, where P is final (dsinks must see the masked P).
       common::general_scores_transposed<kQSplit / 8>(
           acc_s, acc_dp, lse2, dsum, mod, mask, mask.needs_mask(m0, kBlockM, n0, kBlockN),
-          n0 + warp * 16 + g, m0 + wg * kQSplit, t, common::sink_log2_of(p, head), with_dsinks, dsink);
+          n0 + warp * 16 + g, m0 + wg * kQSplit, t, common::sink_log2_of(p, head), with_dsinks,
+          dsink);
     } else {
 #pragma unroll
       for (int j = 0; j < kQSplit / 8; ++j) {
@@ -278,6 +280,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
+  common::repair_spoiled_keys<T, TileKV, kHeadDim, kThreads>(p, blk.batch, blk.head_kv, blk.n0,
+                                                             blk.rows_k, sK, sV, tid);
   common::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
