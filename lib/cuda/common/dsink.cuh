@@ -36,8 +36,9 @@ struct DsinkAccumulator {
   __device__ __forceinline__ static float sink_share(float sink2, float lse2) {
     return exp2_approx(sink2 - lse2);
   }
+  // A hidden pair (P exactly 0) adds nothing, whatever dP holds (0 * inf would be NaN).
   __device__ __forceinline__ void add(float share, float prob, float dp) {
-    sum = fmaf(share * prob, dp, sum);
+    if (prob != 0.0f) sum = fmaf(share * prob, dp, sum);
   }
   // Warp-wide: this warp's sum for (batch, head) of the key block starting at n0.
   __device__ __forceinline__ void flush(const cuda::BwdParams& p, int batch, int head, int n0) {
