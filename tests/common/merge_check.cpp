@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "common/reference.hpp"
 #include "common/tolerance.hpp"
@@ -100,7 +101,7 @@ void check_merge_split(const MergeSplitCase& c, MergeMemory& memory) {
                      const flashattn_tensor_t& o, const flashattn_tensor_t& l, int64_t end) {
     const flashattn_options_t options = part_options(c, end);
     const flashattn_status_t s = flashattn_forward(ctx, &vq, &kp, &vp, &o, &l, &options, nullptr, 0);
-    REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, flashattn_last_error());
+    REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, std::string(flashattn_last_error()));
   };
   forward(vk, vv, vwhole, vwhole_lse, Nk);
   for (int64_t p = 0; p < P; ++p) {
@@ -122,7 +123,7 @@ void check_merge_split(const MergeSplitCase& c, MergeMemory& memory) {
   args.out = c.in_place ? &first : &vout;
   args.lse = !c.with_lse ? nullptr : c.in_place ? &first_lse : &vlse;
   const flashattn_status_t s = flashattn_merge(ctx, &args);
-  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, flashattn_last_error());
+  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, std::string(flashattn_last_error()));
   REQUIRE(flashattn_context_synchronize(ctx) == FLASHATTN_SUCCESS);
   memory.fetch(parts);
   memory.fetch(parts_lse);

@@ -260,7 +260,7 @@ ForwardResult run_forward(flashattn_context_t ctx, const Case& c, const Inputs& 
     s = flashattn_forward(ctx, &views.q, &views.k, &views.v, &views.out,
                           with_lse ? &views.lse : nullptr, &views.options, nullptr, 0);
   }
-  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, c.name(), ": ", flashattn_last_error());
+  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, c.name(), ": ", std::string(flashattn_last_error()));
   CHECK_MESSAGE(r.out.changed_outside(before) == -1, c.name(), ": forward wrote outside out");
   return r;
 }
@@ -299,7 +299,7 @@ BackwardResult run_backward(flashattn_context_t ctx, const Case& c, const Inputs
     s = flashattn_backward(ctx, &views.q, &views.k, &views.v, &views.out, &views.dout,
                            &views.lse, &views.dq, &views.dk, &views.dv, &views.options, nullptr, 0);
   }
-  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, c.name(), ": ", flashattn_last_error());
+  REQUIRE_MESSAGE(s == FLASHATTN_SUCCESS, c.name(), ": ", std::string(flashattn_last_error()));
   CHECK_MESSAGE(r.dq.changed_outside(before_dq) == -1, c.name(), ": backward wrote outside dq");
   CHECK_MESSAGE(r.dk.changed_outside(before_dk) == -1, c.name(), ": backward wrote outside dk");
   CHECK_MESSAGE(r.dv.changed_outside(before_dv) == -1, c.name(), ": backward wrote outside dv");

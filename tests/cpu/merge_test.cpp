@@ -339,7 +339,7 @@ TEST_SUITE("cpu_merge_exact") {
     a.parts_lse = &pl;
     a.out = &mo;
     a.lse = &ml;
-    REQUIRE_MESSAGE(flashattn_merge(ctx.get(), &a) == FLASHATTN_SUCCESS, flashattn_last_error());
+    REQUIRE_MESSAGE(flashattn_merge(ctx.get(), &a) == FLASHATTN_SUCCESS, std::string(flashattn_last_error()));
     CHECK(hp.merged[0] == 1.0f);  // head 0: (0 + 2) / 2
     CHECK(hp.merged[3] == 2.0f);  // head 1: (1 + 3) / 2
     CHECK(hp.merged_lse[0] == doctest::Approx(std::log(2.0)).epsilon(1e-6));

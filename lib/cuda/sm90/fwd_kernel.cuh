@@ -186,7 +186,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
   } else {
     // ---- consumers ----
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cwg = wg - 1;
+    // Read through a shuffle so the compiler knows it is the same in every lane: a branch on it
+    // (the packed batch's row store below) is then not divergent, and ptxas keeps the wgmmas
+    // asynchronous (with threadIdx.x / 128 it serialized them, C7520: 626 -> 458 TFLOP/s).
+    const int cwg = __shfl_sync(0xffffffffu, wg, 0) - 1;
     const int tid = threadIdx.x - 128 * wg;
     const int warp = tid / 32;
     const int lane = tid % 32;
