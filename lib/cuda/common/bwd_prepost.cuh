@@ -22,7 +22,6 @@ namespace common {
 
 // Both run one CTA per block of kPrepostRows query rows of one head, in a 1-D grid.
 constexpr int kPrepostRows = 64;
-constexpr int kMaxHeadDim = 256;  // the header's bound on head_dim (a recomputed dq row's width)
 __host__ __device__ inline TileScheduler prepost_blocks(const cuda::BwdParams& p, int rows) {
   return TileScheduler{(rows + kPrepostRows - 1) / kPrepostRows, p.heads_q, p.batch,
                        TileOrder::kHeadMajor};
@@ -114,11 +113,6 @@ __global__ void __launch_bounds__(256)
   const int rows = min(kRows, seq.seqlen_q - m0);
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
   const bool blocked = bulk_dq(p.head_dim_padded);
-  // The rows whose accumulated dq holds a non-finite value (common/bwd_repair.cuh).
-  constexpr int kFlagWords = kRows / 32;
-  __shared__ uint32_t spoiled[kFlagWords];
-  if (threadIdx.x < kFlagWords) spoiled[threadIdx.x] = 0;
-  __syncthreads();
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
     const int r = i / chunks;
     const int c = (i % chunks) * 2;
@@ -130,20 +124,12 @@ __global__ void __launch_bounds__(256)
     T* dst = dq + int64_t(r) * p.dq_row_stride + c;
     const bool pair = c + 1 < p.head_dim;  // c is even: the pair is adjacent in both layouts
     if (!isfinite(src[0]) || (pair && !isfinite(src[1]))) {
-      atomicOr(&spoiled[r / 32], 1u << (r % 32));
+      flag_spoiled_row(p, batch, head, m0 + r);  // common/bwd_repair.cuh
     }
     if (pair) {
       *reinterpret_cast<uint32_t*>(dst) = pack2<T>(src[0] * p.scale, src[1] * p.scale);
     } else {
       dst[0] = T(src[0] * p.scale);
-    }
-  }
-  __syncthreads();
-  constexpr int kWarps = 256 / 32;
-  for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
-    if (spoiled[r / 32] & (1u << (r % 32))) {
-      recompute_query<T, kMaxHeadDim>(p, batch, head, m0 + r,
-                                      dq + int64_t(r) * p.dq_row_stride);
     }
   }
 }
@@ -181,8 +167,12 @@ cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&
   const int64_t pre = prepost_blocks(p, p.seqlen_q_rounded).num_tiles();
   const int64_t post = prepost_blocks(p, p.seqlen_q).num_tiles();
   if (pre > INT32_MAX) return cudaErrorNotSupported;
+  // No gradient flagged yet (common/bwd_repair.cuh).
+  cudaError_t e = cudaMemsetAsync(
+      p.repair_flags, 0, (repair_row_words(p) + repair_key_words(p)) * sizeof(uint32_t), stream);
+  if (e != cudaSuccess) return e;
   if (p.dsinks != nullptr) {  // the slots no CTA owns must read 0
-    cudaError_t e = cudaMemsetAsync(p.dsink_partial, 0,
+    e = cudaMemsetAsync(p.dsink_partial, 0,
                                     dsink_partial_count(p) * sizeof(float), stream);
     if (e != cudaSuccess) return e;
   }
@@ -192,6 +182,9 @@ cudaError_t launch_bwd_with(const cuda::BwdParams& p, cudaStream_t stream, Main&
   err = main(p);
   if (err != cudaSuccess) return err;
   bwd_postprocess_kernel<T><<<static_cast<unsigned>(post), 256, 0, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  bwd_repair_kernel<T><<<static_cast<unsigned>(repair_blocks(p)), kRepairThreads, 0, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.dsinks == nullptr) return err;
   bwd_dsinks_kernel<T><<<p.heads_q, kDsinkThreads, 0, stream>>>(p);

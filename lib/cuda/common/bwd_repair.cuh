@@ -1,12 +1,14 @@
 // The backward's repair of gradients that a value the mask hides spoiled: the MMAs multiply
 // hidden entries of P and dS (exactly 0) by whatever the mask hides (0 * inf is NaN), so an Inf
 // or NaN in a row a key cannot see (its q or dout) or in a key a row cannot see (its k or v)
-// would reach dk, dv or dq. The header promises it never does. Each kernel checks the gradients
-// it writes (dK and dV staged in shared memory by the main kernels, dQ's accumulator in the
-// postprocess) and computes a spoiled key's dk and dv, or a spoiled row's dq, again, exactly:
-// fp32, P from the workspace's LSE, D from its rowsum, only the pairs the mask leaves visible.
-// A gradient whose NaN or Inf comes from what it sees gets it again. The recomputations are out
-// of line; they cost nothing while every gradient is finite.
+// would reach dk, dv or dq. The header promises it never does. The kernels that write the
+// gradients flag what they write non-finite, one bit per key (the main kernels, as they store
+// dK and dV) and per query row (the postprocess, as it converts dQ), in the workspace; a last
+// launch computes each flagged gradient again, exactly: fp32, P from the workspace's LSE, D from
+// its rowsum, only the pairs the mask leaves visible. A gradient whose NaN or Inf comes from
+// what it sees gets it again. The recomputation has a kernel of its own, so the main kernels and
+// the postprocess keep their registers; while every gradient is finite it costs a memset and a
+// launch that reads the flags.
 #pragma once
 
 #include <cmath>
@@ -43,11 +45,10 @@ __device__ __forceinline__ int64_t stats_base(const cuda::BwdParams& p, int batc
 }
 
 // Warp-wide: dk and dv of key `key` of (batch, head_kv), computed again over the visible
-// queries of every head of the group, into row `stage_row` of the staged dK and dV tiles.
-template <class T, class Tile, int kHeadDim>
-__device__ __noinline__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv,
-                                           int key, T* sdK, T* sdV, int stage_row) {
-  constexpr int kPerLane = (kHeadDim + 31) / 32;
+// queries of every head of the group, into its rows of dk and dv.
+template <class T, int kMaxHeadDim>
+__device__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv, int key) {
+  constexpr int kPerLane = (kMaxHeadDim + 31) / 32;
   const int lane = threadIdx.x % 32;
   const SeqlenInfo seq(p, batch);
   const WindowMask mask = mask_of(p, seq);
@@ -102,49 +103,27 @@ __device__ __noinline__ void recompute_key(const cuda::BwdParams& p, int batch, 
       }
     }
   }
+  const int64_t row = seq.offset_k + key;
+  T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head_kv * p.dk_head_stride +
+              row * p.dk_row_stride;
+  T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head_kv * p.dv_head_stride +
+              row * p.dv_row_stride;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
-    if (c < Tile::kCols) {
-      sdK[Tile::offset(stage_row, c)] = static_cast<T>(dk[i] * p.scale);
-      sdV[Tile::offset(stage_row, c)] = static_cast<T>(dv[i]);
+    if (c < p.head_dim) {
+      dk_row[c] = static_cast<T>(dk[i] * p.scale);
+      dv_row[c] = static_cast<T>(dv[i]);
     }
   }
 }
 
-// CTA-wide, after the main kernel staged dK and dV (rows [0, rows_k) of `key0`'s block): every
-// key whose staged dk or dv holds a non-finite value computed again in place. Ends with a
-// barrier.
-template <class T, class Tile, int kHeadDim, int kThreads>
-__device__ __forceinline__ void repair_spoiled_keys(const cuda::BwdParams& p, int batch,
-                                                    int head_kv, int key0, int rows_k, T* sdK,
-                                                    T* sdV, int tid) {
-  constexpr int kChunks = Tile::kCols / 8;
-  constexpr int kWords = (Tile::kRows + 31) / 32;
-  __shared__ uint32_t spoiled[kWords];
-  if (tid < kWords) spoiled[tid] = 0;
-  __syncthreads();
-  for (int idx = tid; idx < rows_k * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const uint4 a = *reinterpret_cast<const uint4*>(sdK + Tile::offset(r, c));
-    const uint4 b = *reinterpret_cast<const uint4*>(sdV + Tile::offset(r, c));
-    if (chunk_nonfinite<T>(a) || chunk_nonfinite<T>(b)) atomicOr(&spoiled[r / 32], 1u << (r % 32));
-  }
-  __syncthreads();
-  const int warp = tid / 32;
-  for (int r = warp; r < rows_k; r += kThreads / 32) {
-    if (spoiled[r / 32] & (1u << (r % 32))) {
-      recompute_key<T, Tile, kHeadDim>(p, batch, head_kv, key0 + r, sdK, sdV, r);
-    }
-  }
-  __syncthreads();
-}
 
-// Warp-wide: dq of query `row` of (batch, head) computed again over its visible keys, into
-// `dq_row` (the output, in the input dtype).
+
+// Warp-wide: dq of query `row` of (batch, head) computed again over its visible keys, into its
+// row of dq.
 template <class T, int kMaxHeadDim>
-__device__ __noinline__ void recompute_query(const cuda::BwdParams& p, int batch, int head,
-                                             int row, T* dq_row) {
+__device__ void recompute_query(const cuda::BwdParams& p, int batch, int head, int row) {
   constexpr int kPerLane = (kMaxHeadDim + 31) / 32;
   const int lane = threadIdx.x % 32;
   const SeqlenInfo seq(p, batch);
@@ -196,10 +175,76 @@ __device__ __noinline__ void recompute_query(const cuda::BwdParams& p, int batch
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) dq[i] = fmaf(ds, kv[i], dq[i]);
   }
+  T* dq_row = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+              packed * p.dq_row_stride;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
     if (c < p.head_dim) dq_row[c] = static_cast<T>(dq[i] * p.scale);
+  }
+}
+
+// ---- the flags ----
+
+constexpr int kFlagBits = 32;
+// Words of flags: one bit per query row of each (batch, head), then one per key of each
+// (batch, head_kv); rows and keys rounded as the workspace rounds them (multiples of 32).
+__host__ __device__ inline int64_t repair_row_words(const cuda::BwdParams& p) {
+  return int64_t(p.batch) * p.heads_q * (p.seqlen_q_rounded / kFlagBits);
+}
+__host__ __device__ inline int64_t repair_key_words(const cuda::BwdParams& p) {
+  return int64_t(p.batch) * p.heads_kv * (p.seqlen_k_rounded / kFlagBits);
+}
+
+// Flags query row `row` of (batch, head), or key `key` of (batch, head_kv): rare, only for a
+// gradient that is not finite.
+__device__ __forceinline__ void flag_spoiled_row(const cuda::BwdParams& p, int batch, int head,
+                                                 int row) {
+  const int64_t bit = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + row;
+  atomicOr(p.repair_flags + bit / kFlagBits, 1u << (bit % kFlagBits));
+}
+__device__ __forceinline__ void flag_spoiled_key(const cuda::BwdParams& p, int batch,
+                                                 int head_kv, int key) {
+  const int64_t bit = (int64_t(batch) * p.heads_kv + head_kv) * p.seqlen_k_rounded + key;
+  atomicOr(p.repair_flags + repair_row_words(p) + bit / kFlagBits, 1u << (bit % kFlagBits));
+}
+
+// ---- the repair launch ----
+
+constexpr int kRepairThreads = 256;
+__host__ __device__ inline int64_t repair_blocks(const cuda::BwdParams& p) {
+  return (repair_row_words(p) + repair_key_words(p) + kRepairThreads - 1) / kRepairThreads;
+}
+
+// One thread a word of flags; each warp then computes the gradients its lanes' words flag, one
+// at a time, all 32 lanes together.
+template <class T>
+__global__ void __launch_bounds__(kRepairThreads)
+    bwd_repair_kernel(const __grid_constant__ cuda::BwdParams p) {
+  constexpr int kMaxHeadDim = 256;  // the header's bound on head_dim
+  const int64_t row_words = repair_row_words(p);
+  const int64_t words = row_words + repair_key_words(p);
+  const int64_t w = int64_t(blockIdx.x) * kRepairThreads + threadIdx.x;
+  const uint32_t mine = w < words ? p.repair_flags[w] : 0u;
+  const int lane = threadIdx.x % 32;
+  for (uint32_t lanes = __ballot_sync(0xffffffffu, mine != 0); lanes != 0; lanes &= lanes - 1) {
+    const int src = __ffs(lanes) - 1;
+    const int64_t word = w - lane + src;
+    for (uint32_t bits = __shfl_sync(0xffffffffu, mine, src); bits != 0; bits &= bits - 1) {
+      const int64_t bit = word * kFlagBits + (__ffs(bits) - 1);
+      if (word < row_words) {
+        const int64_t bh = bit / p.seqlen_q_rounded;
+        recompute_query<T, kMaxHeadDim>(p, static_cast<int>(bh / p.heads_q),
+                                        static_cast<int>(bh % p.heads_q),
+                                        static_cast<int>(bit % p.seqlen_q_rounded));
+      } else {
+        const int64_t kbit = bit - row_words * kFlagBits;
+        const int64_t bh = kbit / p.seqlen_k_rounded;
+        recompute_key<T, kMaxHeadDim>(p, static_cast<int>(bh / p.heads_kv),
+                                      static_cast<int>(bh % p.heads_kv),
+                                      static_cast<int>(kbit % p.seqlen_k_rounded));
+      }
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/scheduler.cuh"
 #include "cuda/common/seqlen.cuh"
@@ -96,7 +97,8 @@ __device__ __forceinline__ void load_kv(const cuda::BwdParams& p, const Block& b
   load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, b.rows_k, p.head_dim, tid);
 }
 
-// dK and dV of the block, staged (converted) in the K and V tiles, to global memory.
+// dK and dV of the block, staged (converted) in the K and V tiles, to global memory; a key
+// whose dk or dv is not finite is flagged for the repair launch (common/bwd_repair.cuh).
 template <class TileKV, int kThreads, class T, class Block>
 __device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block& b, const T* sdK,
                                            const T* sdV, int tid) {
@@ -105,8 +107,37 @@ __device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block
            row * p.dk_row_stride;
   T* dvg = static_cast<T*>(p.dv) + b.batch * p.dv_batch_stride + b.head_kv * p.dv_head_stride +
            row * p.dv_row_stride;
-  store_tile<TileKV, kThreads>(dkg, p.dk_row_stride, sdK, b.rows_k, p.head_dim, tid);
-  store_tile<TileKV, kThreads>(dvg, p.dv_row_stride, sdV, b.rows_k, p.head_dim, tid);
+  constexpr int kChunksPerRow = TileKV::kCols / 8;
+  constexpr int kTotal = TileKV::kRows * kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int r = idx / kChunksPerRow;
+      const int c = (idx % kChunksPerRow) * 8;
+      if (r < b.rows_k && c < p.head_dim) {
+        const uint4 dk = *reinterpret_cast<const uint4*>(sdK + TileKV::offset(r, c));
+        const uint4 dv = *reinterpret_cast<const uint4*>(sdV + TileKV::offset(r, c));
+        // Columns past head_dim hold 0 (the operands' padding is zero-filled).
+        if (chunk_nonfinite<T>(dk) || chunk_nonfinite<T>(dv)) {
+          flag_spoiled_key(p, b.batch, b.head_kv, b.n0 + r);
+        }
+        T* dk_dst = dkg + int64_t(r) * p.dk_row_stride + c;
+        T* dv_dst = dvg + int64_t(r) * p.dv_row_stride + c;
+        if (c + 8 <= p.head_dim) {
+          *reinterpret_cast<uint4*>(dk_dst) = dk;
+          *reinterpret_cast<uint4*>(dv_dst) = dv;
+        } else {  // a partial chunk, element by element
+          const T* dk_src = sdK + TileKV::offset(r, c);
+          const T* dv_src = sdV + TileKV::offset(r, c);
+          for (int j = 0; j < p.head_dim - c; ++j) {
+            dk_dst[j] = dk_src[j];
+            dv_dst[j] = dv_src[j];
+          }
+        }
+      }
+    }
+  }
 }
 
 // One step's tiles: rows of query block m_block of `head` from Q and dO, and their LSE*log2(e)

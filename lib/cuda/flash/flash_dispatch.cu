@@ -10,6 +10,7 @@
 #include "cuda/bulk_store_mark.hpp"
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
+#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/sm80/bwd_config.cuh"
@@ -137,7 +138,8 @@ LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count};
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {
-  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, dsink_partial = 0, total = 0;
+  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, repair_flags = 0,
+         dsink_partial = 0, total = 0;
 };
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -145,6 +147,8 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // Query rows are rounded up to 128, the largest query block of a backward kernel, so that a
 // kernel's last block reads its rows' statistics inside the head they belong to.
 int64_t bwd_rows_rounded(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128; }
+// Keys likewise, to the largest key block.
+int64_t bwd_keys_rounded(int64_t seqlen_k) { return (seqlen_k + 127) / 128 * 128; }
 
 BwdWorkspace bwd_workspace(const Problem& p) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
@@ -155,8 +159,12 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   w.dsum = align256(rows * hdim * 4);
   w.lse_log2 = w.dsum + align256(rows * 4);
   w.semaphore = w.lse_log2 + align256(rows * 4);
+  // One bit per query row and per key (common/bwd_repair.cuh).
+  w.repair_flags = w.semaphore + align256(rows / 64 * 4);
+  const size_t keys = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_kv) *
+                      static_cast<size_t>(bwd_keys_rounded(p.seqlen_k));
   // The sinks' gradient's partial sums (common/dsink.cuh; only with sinks).
-  w.dsink_partial = w.semaphore + align256(rows / 64 * 4);
+  w.dsink_partial = w.repair_flags + align256((rows + keys) / common::kFlagBits * 4);
   const size_t dsink_floats = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
                               static_cast<size_t>(common::dsink_key_slots(p.seqlen_k)) *
                               common::kDsinkWarpSlots;
@@ -331,8 +339,9 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.dsinks = a.dsinks.data;
   p.dsinks_stride = a.dsinks.stride;
   p.dsink_partial = reinterpret_cast<float*>(ws + w.dsink_partial);
+  p.repair_flags = reinterpret_cast<uint32_t*>(ws + w.repair_flags);
   p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
-  p.seqlen_k_rounded = static_cast<int>((pr.seqlen_k + 127) / 128 * 128);
+  p.seqlen_k_rounded = static_cast<int>(bwd_keys_rounded(pr.seqlen_k));
   p.deterministic = pr.deterministic;
   const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, pr.dtype, pr.head_dim);
   if (k == nullptr) return cudaErrorNotSupported;

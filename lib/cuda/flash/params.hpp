@@ -83,6 +83,9 @@ struct BwdParams : VariantParams {
   float* dsinks;
   int64_t dsinks_stride;
   float* dsink_partial;
+  // Bits of the gradients written non-finite, for the repair launch (common/bwd_repair.cuh):
+  // [batch, heads_q, seqlen_q_rounded] query rows, then [batch, heads_kv, seqlen_k_rounded] keys.
+  uint32_t* repair_flags;
   bool deterministic;
   bool dq_tiled;  // the dQ accumulator's layout: set by the sm90 kernel (64 x 64 tiles)
 };

@@ -15,7 +15,6 @@
 #include "cuda/flash/params.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/common/bwd_prepost.cuh"
-#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -396,8 +395,6 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
-  common::repair_spoiled_keys<T, TileKV, kHeadDim, Cfg::kNThreads>(
-      p, blk.batch, blk.head_kv, blk.n0, blk.rows_k, sK, sV, tid);
   common::store_dkdv<TileKV, Cfg::kNThreads>(p, blk, sK, sV, tid);
 }
 

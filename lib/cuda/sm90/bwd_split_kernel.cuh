@@ -17,7 +17,6 @@
 
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_scores.cuh"
-#include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/bwd_step.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/common/score_mod.cuh"
@@ -280,8 +279,6 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     }
   }
   __syncthreads();
-  common::repair_spoiled_keys<T, TileKV, kHeadDim, kThreads>(p, blk.batch, blk.head_kv, blk.n0,
-                                                             blk.rows_k, sK, sV, tid);
   common::store_dkdv<TileKV, kThreads>(p, blk, sK, sV, tid);
 #endif
 }
