@@ -501,12 +501,76 @@ def run_gpu(args, lib):
             del tensors, q, k, v, out, lse, dout, dq, dk, dv, qh, kh, vh, doh
             torch.cuda.empty_cache()
 
+    # ---- decode: a few query tokens against a long KV cache (bandwidth of K and V read once) ----
+    decode = []
+    if args.decode:
+        Hq, Hkv, D = 32, 8, 128
+        cases = [(1, 8192, 1, False), (1, 131072, 1, False), (8, 32768, 1, False),
+                 (32, 8192, 1, False), (32, 32768, 1, False), (64, 4096, 1, False),
+                 (32, 8192, 4, True)]
+        print(f"\ndecode: {Hq} query heads over {Hkv} KV heads, d {D}, {args.dtype}; TB/s of K and V "
+              "read once (ours, FA2, cuDNN; SDPA with enable_gqa, else K/V repeated per query head)")
+        print(f"{'case':<24} {'ours':>6} {'FA2':>6} {'cuDNN':>6} {'/cuDNN':>7} {'max|diff|':>10}")
+        progress = Progress(len(cases), "decode")
+        for B, Nk, Nq, causal in cases:
+            label = f"B{B} Nk{Nk} Nq{Nq}{' causal' if causal else ''}"
+            progress.step(label)
+            g = torch.Generator(device=dev).manual_seed(99)
+            q = torch.randn(B, Nq, Hq, D, device=dev, dtype=tdtype, generator=g)
+            k = torch.randn(B, Nk, Hkv, D, device=dev, dtype=tdtype, generator=g)
+            v = torch.randn(B, Nk, Hkv, D, device=dev, dtype=tdtype, generator=g)
+            out, dout, dq = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+            lse = torch.empty(B, Hq, Nq, device=dev, dtype=torch.float32)
+            call = Call(ctx, q, k, v, out, lse, dout, dq, k, v, cdtype[tdtype], causal, ALGO_FLASH,
+                        view_of)
+            kv_bytes = 2.0 * B * Nk * Hkv * D * q.element_size()
+            rec = {"B": B, "Nk": Nk, "Nq": Nq, "causal": causal, "why": ""}
+            ok, why = call.supported(False)
+            rec["ours_ms"] = bench(call.forward) if ok else None
+            rec["why"] = "" if ok else why
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+            ref = None
+            for who, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                ms, how = None, ""
+                for gqa in (True, False):
+                    try:
+                        kk, vv = (kh, vh) if gqa else (t.repeat_interleave(Hq // Hkv, dim=1) for t in (kh, vh))
+                        kw = {"enable_gqa": True} if gqa else {}
+                        with torch.no_grad(), sdpa_kernel(backend):
+                            fn = lambda: F.scaled_dot_product_attention(qh, kk, vv, is_causal=causal, **kw)
+                            ms = bench(fn)
+                            if ref is None:
+                                ref = fn().transpose(1, 2)
+                        how = "enable_gqa" if gqa else "repeated K/V"
+                        break
+                    except Exception as e:  # a backend that declines the shape raises
+                        how = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                rec[f"{who}_ms"], rec[f"{who}_how"] = ms, how
+            maxdiff = None
+            if rec["ours_ms"] is not None and ref is not None:
+                out.fill_(float("nan"))
+                call.forward()
+                torch.cuda.synchronize(dev)
+                maxdiff = float((out.float() - ref.float()).abs().max().item())
+            rec["max_abs_diff"] = maxdiff
+            for who in ("ours", "fa2", "cudnn"):
+                ms = rec.get(f"{who}_ms")
+                rec[f"{who}_TBps"] = kv_bytes / (ms * 1e-3) / 1e12 if ms else None
+            decode.append(rec)
+            ratio = (rec["ours_TBps"] / rec["cudnn_TBps"]) if rec["ours_TBps"] and rec["cudnn_TBps"] else float("nan")
+            print(f"{label:<24} {fmt(rec['ours_TBps'], 6, 2)} {fmt(rec['fa2_TBps'], 6, 2)} "
+                  f"{fmt(rec['cudnn_TBps'], 6, 2)} {ratio:7.2f} {maxdiff if maxdiff is not None else float('nan'):10.2e}"
+                  f"{'  ' + rec['why'][:80] if rec['why'] else ''}")
+            del q, k, v, out, dout, dq, lse, qh, kh, vh, ref, call
+            torch.cuda.empty_cache()
+
     ctx.close()
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": props.name, "torch": torch.__version__,
                        "cudnn": torch.backends.cudnn.version(), "libflashattn": lib.version(),
                        "dtype": args.dtype, "sweep": records, "gpt2_medium": gpt2,
+                       "decode": decode,
                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
         print(f"\nwrote {args.out}")
         if args.plot:
@@ -532,6 +596,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="seqlens 1k, 4k, 16k; dims 64, 128")
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
     ap.add_argument("--no-gpt2", dest="gpt2", action="store_false")
+    ap.add_argument("--decode", action="store_true",
+                    help="also the decode cases: 32 query heads over 8 KV heads, d 128, 1 or 4 "
+                         "query tokens against 4k-128k keys, in TB/s of K and V read once")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--device", type=int, default=0)

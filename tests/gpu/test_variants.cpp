@@ -479,6 +479,38 @@ TEST_SUITE("gpu_variants_varlen") {
   }
 }
 
+TEST_SUITE("gpu_variants_decode") {
+  // Query tokens x heads of a KV group <= 16 with no key hidden below the end: the flash
+  // forward's decode kernel (GQA-packed rows, keys split across CTAs and merged).
+  TEST_CASE("decode: one token and a few, GQA groups 1 to 16, split keys, every head dim") {
+    Tally tally("decode");
+    check(make(BF16, 1, 1, 5000, 32, 8, 128, true), tally);   // 16 splits
+    check(make(F16, 3, 1, 777, 8, 1, 64, true), tally);       // a group of 8, batch 3
+    check(make(BF16, 2, 4, 300, 8, 2, 128), tally);           // 4 tokens x 4 heads: 16 rows
+    check(make(F16, 1, 16, 1000, 2, 2, 64), tally);           // 16 tokens, no GQA
+    check(make(F16, 4, 1, 64, 4, 4, 96, true), tally);        // one key block
+    check(make(BF16, 1, 1, 1, 16, 1, 128, true), tally);      // one key
+    check(make(BF16, 1, 1, 1500, 4, 1, 256, true), tally);
+    check(make(F16, 1, 1, 2100, 6, 2, 192), tally);
+    check(laid_out(make(BF16, 2, 1, 1000, 4, 4, 100, true), Layout::Aligned), tally);
+    check(make(BF16, 1, 1, 70000, 8, 2, 128, true), tally);   // 122 splits of 576 keys
+  }
+
+  TEST_CASE("decode with softcap, ALiBi, sinks, variable lengths") {
+    Tally tally("decode variants");
+    check(with_sinks(with_alibi(softcapped(make(F16, 1, 1, 2000, 16, 2, 128, true), 30.0f))),
+          tally);
+    check(with_sinks(make(BF16, 2, 2, 3000, 8, 2, 64)), tally);
+    check(with_alibi(make(BF16, 2, 1, 900, 8, 1, 128, true), Slopes::PerBatchHead), tally);
+    // Sequences of one token (or none) against 0, 1 and many keys.
+    check(varlen(make(F16, 1, 1, 1, 8, 2, 64, true), {1, 1, 0, 1, 1}, {1, 4000, 5, 0, 130}),
+          tally);
+    check(varlen(with_sinks(softcapped(make(BF16, 1, 1, 1, 4, 1, 128), 10.0f)), {2, 3, 1},
+                 {2000, 3, 64}, 1),
+          tally);
+  }
+}
+
 TEST_SUITE("gpu_variants_combined") {
   TEST_CASE("combinations: window + softcap + ALiBi + sinks + GQA, with d_v and strided views") {
     Tally tally("combinations");

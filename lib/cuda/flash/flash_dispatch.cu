@@ -12,6 +12,7 @@
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/dsink.cuh"
+#include "cuda/decode/decode.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
@@ -225,8 +226,10 @@ const char* flash_unsupported_layout(const BackwardArgs& a) {
   return nullptr;
 }
 
-size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo&) {
-  return backward ? bwd_workspace(p).total : 0;
+size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
+  if (backward) return bwd_workspace(p).total;
+  const DecodePlan decode = plan_decode(p, dev);  // split keys need their partials
+  return decode.applies ? decode.workspace_bytes : 0;
 }
 
 namespace {
@@ -291,11 +294,20 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
 
 }  // namespace
 
-cudaError_t flash_forward(const ForwardArgs& a, void*, size_t, const DeviceInfo& dev,
-                          cudaStream_t stream) {
+cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspace_size,
+                          const DeviceInfo& dev, cudaStream_t stream) {
   const Problem& pr = a.problem;
   FwdParams p{};
   fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse, a.variants);
+  // A few query rows against many keys: the decode kernel (GQA-packed rows, split keys).
+  const DecodePlan decode = plan_decode(pr, dev);
+  if (decode.applies) {
+    if (workspace_size < decode.workspace_bytes ||
+        (decode.workspace_bytes > 0 && workspace == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+    return launch_decode(p, pr.dtype, decode, workspace, stream);
+  }
   const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
   if (k == nullptr) return cudaErrorNotSupported;
   const cudaError_t err = k->launch(p, launch_info(dev), stream);

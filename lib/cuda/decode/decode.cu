@@ -1,0 +1,155 @@
+// The decode path's plan and its instances (one per head dim and dtype this build has).
+#include "cuda/decode/decode.hpp"
+
+#include <algorithm>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/decode/decode_kernel.cuh"
+
+namespace flashattn {
+namespace cuda {
+namespace {
+
+// The padded head dims the build has (FLASHATTN_HEAD_DIMS), smallest first.
+constexpr int kHeadDims[] = {
+#ifdef FLASHATTN_HDIM_64
+    64,
+#endif
+#ifdef FLASHATTN_HDIM_96
+    96,
+#endif
+#ifdef FLASHATTN_HDIM_128
+    128,
+#endif
+#ifdef FLASHATTN_HDIM_192
+    192,
+#endif
+#ifdef FLASHATTN_HDIM_256
+    256,
+#endif
+    0};
+
+int padded_dim(int64_t head_dim) {
+  for (int d : kHeadDims) {
+    if (d != 0 && d >= head_dim) return d;
+  }
+  return 0;
+}
+
+int smem_bytes(int head_dim) {
+  switch (head_dim) {
+    case 64: return decode::DecodeConfig<64>::kSmemBytes;
+    case 96: return decode::DecodeConfig<96>::kSmemBytes;
+    case 128: return decode::DecodeConfig<128>::kSmemBytes;
+    case 192: return decode::DecodeConfig<192>::kSmemBytes;
+    case 256: return decode::DecodeConfig<256>::kSmemBytes;
+    default: return 0;
+  }
+}
+
+bool have_dtype(DType dtype) {
+#ifdef FLASHATTN_DTYPE_FP16
+  if (dtype == DType::F16) return true;
+#endif
+#ifdef FLASHATTN_DTYPE_BF16
+  if (dtype == DType::BF16) return true;
+#endif
+  return false;
+}
+
+// Shared memory an SM gives its CTAs (the H100/H200's 228 KB; 1 KB of it reserved per CTA).
+constexpr size_t kSmemPerSm = 228 * 1024;
+constexpr size_t kSmemReservedPerCta = 1024;
+// A split reads at least this many key blocks: fewer make the merge cost more than it saves.
+constexpr int kMinBlocksPerSplit = 4;
+constexpr int kMaxSplits = 128;
+
+}  // namespace
+
+DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
+  DecodePlan plan;
+  const int64_t group = p.group_size();
+  const bool no_hidden_key =
+      (p.window_left < 0 || p.window_left >= p.seqlen_q + p.seqlen_k) &&
+      (p.window_right < 0 || p.window_right >= p.seqlen_q - 1);
+  if (p.dtype == DType::F32 || !have_dtype(p.dtype) || p.head_dim_v != p.head_dim ||
+      p.seqlen_q * group > decode::kRows || p.seqlen_q < 1 || !no_hidden_key) {
+    return plan;
+  }
+  plan.head_dim = padded_dim(p.head_dim);
+  const int smem = smem_bytes(plan.head_dim);
+  if (smem == 0 || static_cast<size_t>(smem) > dev.smem_per_block_optin) return plan;
+  plan.applies = true;
+  // Splits: enough CTAs for every SM's share of resident CTAs, no split under
+  // kMinBlocksPerSplit key blocks.
+  const int64_t ctas = p.batch * p.heads_kv;
+  const int64_t per_sm =
+      std::max<int64_t>(1, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerCta)));
+  const int64_t target = std::max<int64_t>(1, dev.sm_count) * per_sm;
+  const int64_t blocks = (p.seqlen_k + decode::kBlockN - 1) / decode::kBlockN;
+  int64_t splits = 1;
+  if (ctas < target && blocks >= 2 * kMinBlocksPerSplit) {
+    splits = std::min<int64_t>({(target + ctas - 1) / ctas, blocks / kMinBlocksPerSplit,
+                                kMaxSplits});
+  }
+  const int64_t per_split = std::max<int64_t>(1, (blocks + splits - 1) / splits);
+  splits = std::max<int64_t>(1, (blocks + per_split - 1) / per_split);
+  plan.split.splits = static_cast<int>(splits);
+  plan.split.blocks_per_split = static_cast<int>(per_split);
+  if (splits > 1) {
+    const size_t rows = static_cast<size_t>(splits * p.batch * p.heads_q * p.seqlen_q);
+    plan.workspace_bytes = rows * static_cast<size_t>(p.head_dim) * 4 + rows * 4;
+  }
+  return plan;
+}
+
+cudaError_t launch_decode(const FwdParams& p, DType dtype, const DecodePlan& plan,
+                          void* workspace, cudaStream_t stream) {
+#define FLASHATTN_DECODE_CASE(T, D) \
+  if (plan.head_dim == D) return decode::launch_decode<T, D>(p, plan.split, workspace, stream);
+#ifdef FLASHATTN_DTYPE_FP16
+  if (dtype == DType::F16) {
+#ifdef FLASHATTN_HDIM_64
+    FLASHATTN_DECODE_CASE(__half, 64)
+#endif
+#ifdef FLASHATTN_HDIM_96
+    FLASHATTN_DECODE_CASE(__half, 96)
+#endif
+#ifdef FLASHATTN_HDIM_128
+    FLASHATTN_DECODE_CASE(__half, 128)
+#endif
+#ifdef FLASHATTN_HDIM_192
+    FLASHATTN_DECODE_CASE(__half, 192)
+#endif
+#ifdef FLASHATTN_HDIM_256
+    FLASHATTN_DECODE_CASE(__half, 256)
+#endif
+  }
+#endif
+#ifdef FLASHATTN_DTYPE_BF16
+  if (dtype == DType::BF16) {
+#ifdef FLASHATTN_HDIM_64
+    FLASHATTN_DECODE_CASE(__nv_bfloat16, 64)
+#endif
+#ifdef FLASHATTN_HDIM_96
+    FLASHATTN_DECODE_CASE(__nv_bfloat16, 96)
+#endif
+#ifdef FLASHATTN_HDIM_128
+    FLASHATTN_DECODE_CASE(__nv_bfloat16, 128)
+#endif
+#ifdef FLASHATTN_HDIM_192
+    FLASHATTN_DECODE_CASE(__nv_bfloat16, 192)
+#endif
+#ifdef FLASHATTN_HDIM_256
+    FLASHATTN_DECODE_CASE(__nv_bfloat16, 256)
+#endif
+  }
+#endif
+#undef FLASHATTN_DECODE_CASE
+  return cudaErrorNotSupported;
+}
+
+}  // namespace cuda
+}  // namespace flashattn

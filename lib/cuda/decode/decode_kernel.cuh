@@ -1,0 +1,342 @@
+// The decode forward: few query rows against many keys, the shape of one generation step. The
+// query heads of one KV group, times the query tokens, share one tile of kRows packed rows (row
+// r: token r / group, head head_kv * group + r % group), so K and V are read once per group; the
+// keys of a sequence are split across CTAs when the grid would not fill the GPU (the plan in
+// decode.hpp), each split writing an fp32 partial (O, LSE) that a second launch merges. Within a
+// CTA each warp takes 16 keys of every 64-key block; K and V stream through a two-stage cp.async
+// ring; the four warps' online-softmax states are merged through shared memory at the end.
+//
+// Taken only where the mask hides no key below a sequence's end from any row (no left bound, a
+// right bound of at least seqlen_q - 1: plain and one-token causal decode), so no score the mask
+// hides ever meets a value in an MMA; softcap, ALiBi (a slope per packed row's head), sinks and
+// packed variable-length batches are applied per row.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/score_mod.cuh"
+#include "cuda/common/seqlen.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/decode/decode_shape.hpp"
+#include "cuda/flash/params.hpp"
+#include "cuda/sm80/mma.cuh"
+
+namespace flashattn {
+namespace decode {
+
+template <int kHeadDim_>
+struct DecodeConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
+  using TileQ = common::SwizzledTile<kRows, kHeadDim>;
+  using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
+  static constexpr int kStageElems = 2 * TileKV::kElems;  // K then V
+  static constexpr int kSmemBytes = (TileQ::kElems + kStages * kStageElems) * 2;
+  // After the key loop the ring holds each warp's state: O (fp32, kRows x head dim), then the
+  // rows' maxima and sums.
+  static constexpr int kWarpStateFloats = kRows * kHeadDim + 2 * kRows;
+  static_assert(kWarps * kWarpStateFloats * 4 <= kStages * kStageElems * 2,
+                "the warps' states fit in the K/V ring");
+  static_assert(kDTiles % 2 == 0, "ldmatrix.x4 loads n16 at a time");
+};
+
+// Where a packed row's query token and head are.
+struct PackedRow {
+  int token, head;
+  bool valid;
+};
+__device__ __forceinline__ PackedRow packed_row(const cuda::FwdParams& p, int r, int head_kv,
+                                                int seqlen_q) {
+  PackedRow pr;
+  pr.token = r / p.group;
+  pr.head = head_kv * p.group + r % p.group;
+  pr.valid = pr.token < seqlen_q;
+  return pr;
+}
+
+// One CTA per (split, head_kv, batch), blockIdx.x = (batch * heads_kv + head_kv) * splits + split.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(const __grid_constant__ cuda::FwdParams p, const DecodeSplit split,
+                  float* partial_o, float* partial_lse) {
+  using Cfg = DecodeConfig<kHeadDim>;
+  using TileQ = typename Cfg::TileQ;
+  using TileKV = typename Cfg::TileKV;
+  constexpr int kDTiles = Cfg::kDTiles;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* ring = sQ + TileQ::kElems;
+
+  const int s_idx = blockIdx.x % split.splits;
+  const int bh = blockIdx.x / split.splits;
+  const int head_kv = bh % p.heads_kv;
+  const int batch = bh / p.heads_kv;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const common::SeqlenInfo seq(p, batch);
+  const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
+  const int b_begin = min(s_idx * split.blocks_per_split, n_blocks);
+  const int b_end = min(b_begin + split.blocks_per_split, n_blocks);
+
+  // Q: packed row r from its token's row and its head (rows past the tokens zero-filled).
+  {
+    constexpr int kChunks = kHeadDim / 8;
+    for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      const PackedRow pr = packed_row(p, r, head_kv, seq.seqlen_q);
+      const int left = p.head_dim - c;
+      const int bytes = !pr.valid ? 0 : (left >= 8 ? 16 : (left > 0 ? left * 2 : 0));
+      const T* src = static_cast<const T*>(p.q) + batch * p.q_batch_stride +
+                     pr.head * p.q_head_stride + int64_t(seq.offset_q + pr.token) * p.q_row_stride + c;
+      common::cp_async_16(common::smem_u32(sQ + TileQ::offset(r, c)),
+                          bytes > 0 ? static_cast<const void*>(src) : p.q, bytes);
+    }
+  }
+  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
+                head_kv * p.k_head_stride + int64_t(seq.offset_k) * p.k_row_stride;
+  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
+                head_kv * p.v_head_stride + int64_t(seq.offset_k) * p.v_row_stride;
+  auto load_block = [&](int b, int stage) {
+    const int n0 = b * kBlockN;
+    T* sK = ring + stage * Cfg::kStageElems;
+    common::load_tile<TileKV, kThreads>(sK, kg + int64_t(n0) * p.k_row_stride, p.k_row_stride,
+                                        seq.seqlen_k - n0, p.head_dim, tid);
+    common::load_tile<TileKV, kThreads>(sK + TileKV::kElems, vg + int64_t(n0) * p.v_row_stride,
+                                        p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
+  };
+  if (b_begin < b_end) load_block(b_begin, 0);
+  common::cp_async_commit();
+
+  // This thread's two rows (g and g + 8): their tokens, heads and score mods.
+  const common::WindowMask mask = common::mask_of(p, seq);
+  PackedRow rows[2];
+  common::ScoreMod mods[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    rows[hh] = packed_row(p, g + 8 * hh, head_kv, seq.seqlen_q);
+    mods[hh] = common::score_mod_of(p, batch, rows[hh].valid ? rows[hh].head : 0, mask);
+  }
+  const bool modded = mods[0].active();
+  const float softmax_scale = modded ? 1.0f : p.scale_log2;
+  const bool neg_scale = softmax_scale < 0.0f;
+  const float hidden = common::hidden_score(neg_scale);
+
+  float acc_o[kDTiles * 4];
+#pragma unroll
+  for (int i = 0; i < kDTiles * 4; ++i) acc_o[i] = 0.0f;
+  common::OnlineSoftmax<1> softmax;
+  softmax.reset();
+  const common::LdsmAddr<TileQ> q_addr(sQ, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+
+  for (int b = b_begin; b < b_end; ++b) {
+    const int stage = (b - b_begin) % kStages;
+    if (b + 1 < b_end) load_block(b + 1, (stage + 1) % kStages);
+    common::cp_async_commit();
+    common::cp_async_wait<1>();
+    __syncthreads();  // block b (and Q) landed for every thread's copies
+    const T* sK = ring + stage * Cfg::kStageElems;
+    const T* sV = sK + TileKV::kElems;
+    const common::LdsmAddr<TileKV> k_addr(sK, (lane / 16) * 8 + lane % 8, lane / 8 % 2);
+    const common::LdsmAddr<TileKV> v_addr(sV, (lane / 8 % 2) * 8 + lane % 8, lane / 16);
+    const int key0 = b * kBlockN + warp * kWarpKeys;  // this warp's 16 keys
+
+    // S = Q K^T over the warp's keys: two n8 tiles.
+    float acc_s[2 * 4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc_s[i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4], b0, b1, b2, b3;
+      common::ldmatrix_x4(q_addr.at(0, kk), a[0], a[1], a[2], a[3]);
+      common::ldmatrix_x4(k_addr.at(warp * kWarpKeys, kk), b0, b1, b2, b3);
+      sm80::mma_16816<T>(acc_s, a, b0, b1);
+      sm80::mma_16816<T>(acc_s + 4, a, b2, b3);
+    }
+    // Logits per row, and the keys past the sequence's end hidden.
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + 8 * nt + 2 * t + e;
+          float& x = acc_s[nt * 4 + 2 * hh + e];
+          if (modded) x = mods[hh].logit2(x, rows[hh].token, key);
+          if (key >= seq.seqlen_k) x = hidden;
+        }
+    float corr[2];
+    softmax.update<2>(acc_s, softmax_scale, neg_scale, corr);
+    common::scale_rows<1, kDTiles>(acc_o, corr);
+    // O += P V: the two n8 tiles of P are the A fragment of one k16 step.
+    uint32_t a[4];
+    a[0] = common::pack2<T>(acc_s[0], acc_s[1]);
+    a[1] = common::pack2<T>(acc_s[2], acc_s[3]);
+    a[2] = common::pack2<T>(acc_s[4], acc_s[5]);
+    a[3] = common::pack2<T>(acc_s[6], acc_s[7]);
+#pragma unroll
+    for (int dp = 0; dp < kDTiles / 2; ++dp) {
+      uint32_t b0, b1, b2, b3;
+      common::ldmatrix_x4_trans(v_addr.at(warp * kWarpKeys, dp), b0, b1, b2, b3);
+      sm80::mma_16816<T>(acc_o + 4 * (2 * dp), a, b0, b1);
+      sm80::mma_16816<T>(acc_o + 4 * (2 * dp + 1), a, b2, b3);
+    }
+    __syncthreads();  // every warp is done with this stage before it is loaded again
+  }
+  common::cp_async_wait<0>();
+
+  // The warps' states into the ring: O, then per row the maximum (log2 units) and the sum.
+  float* state = reinterpret_cast<float*>(ring);
+  {
+    float* mine = state + warp * Cfg::kWarpStateFloats;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = g + 8 * hh;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int c = dt * 8 + 2 * t;
+        mine[r * kHeadDim + c] = acc_o[dt * 4 + 2 * hh];
+        mine[r * kHeadDim + c + 1] = acc_o[dt * 4 + 2 * hh + 1];
+      }
+      const float sum = common::quad_sum(softmax.row_sum[hh]);
+      if (t == 0) {
+        mine[kRows * kHeadDim + r] = softmax.row_max[hh];
+        mine[kRows * kHeadDim + kRows + r] = sum;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Merged over the warps: m = max of the maxima, l and O rescaled to it. A row no key reached
+  // (l = 0) writes O = 0 and LSE = -inf.
+  const bool whole = split.splits == 1;
+  for (int idx = tid; idx < kRows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    const PackedRow pr = packed_row(p, r, head_kv, seq.seqlen_q);
+    if (!pr.valid || c >= p.head_dim) continue;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, state[w * Cfg::kWarpStateFloats + kRows * kHeadDim + r]);
+    const float m_use = m == -INFINITY ? 0.0f : m;
+    float l = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* ws = state + w * Cfg::kWarpStateFloats;
+      const float f = common::exp2_approx(ws[kRows * kHeadDim + r] - m_use);
+      l = fmaf(ws[kRows * kHeadDim + kRows + r], f, l);
+      o = fmaf(ws[r * kHeadDim + c], f, o);
+    }
+    const bool seen = l > 0.0f && m != -INFINITY;
+    float lse;
+    if (whole) {
+      // The attention sink joins the denominator as a key of value 0 (OnlineSoftmax::finalize).
+      const float sink2 = common::sink_log2_of(p, pr.head);
+      float mm = m, keys = 1.0f, total = l;
+      if (sink2 != -INFINITY) {
+        mm = fmaxf(m, sink2);
+        keys = common::exp2_approx(m - mm);
+        total = l * keys + common::exp2_approx(sink2 - mm);
+      }
+      const float inv = seen ? keys / total : 0.0f;
+      lse = seen ? mm * common::OnlineSoftmax<1>::kLn2 + logf(total) : -INFINITY;
+      T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + pr.head * p.o_head_stride +
+               int64_t(seq.offset_q + pr.token) * p.o_row_stride;
+      out[c] = static_cast<T>(seen ? o * inv : 0.0f);
+      if (c == 0 && p.lse != nullptr) {
+        p.lse[batch * p.lse_batch_stride + pr.head * p.lse_head_stride +
+              int64_t(seq.offset_q + pr.token) * p.lse_row_stride] = lse;
+      }
+    } else {
+      lse = seen ? m * common::OnlineSoftmax<1>::kLn2 + logf(l) : -INFINITY;
+      const int64_t row = partial_row(p, split, s_idx, batch, pr.head, pr.token);
+      partial_o[row * p.head_dim + c] = seen ? o / l : 0.0f;
+      if (c == 0) partial_lse[row] = lse;
+    }
+  }
+}
+
+// The splits' partials of one output row merged, a warp per row: LSE = log(sum_s e^LSE_s, plus
+// the sink's e^sink), O = sum_s e^(LSE_s - LSE) O_s. A row no split saw stays 0 / -inf.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    decode_combine_kernel(const __grid_constant__ cuda::FwdParams p, const DecodeSplit split,
+                          const float* partial_o, const float* partial_lse) {
+  const int64_t warp_row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  if (warp_row >= rows) return;
+  const int token = static_cast<int>(warp_row % p.seqlen_q);
+  const int head = static_cast<int>(warp_row / p.seqlen_q % p.heads_q);
+  const int batch = static_cast<int>(warp_row / p.seqlen_q / p.heads_q);
+  const common::SeqlenInfo seq(p, batch);
+  if (token >= seq.seqlen_q) return;
+  float m = -INFINITY;
+  for (int s = 0; s < split.splits; ++s) {
+    m = fmaxf(m, partial_lse[partial_row(p, split, s, batch, head, token)]);
+  }
+  T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+           int64_t(seq.offset_q + token) * p.o_row_stride;
+  float* lse_out = p.lse == nullptr ? nullptr
+                                    : p.lse + batch * p.lse_batch_stride +
+                                          head * p.lse_head_stride +
+                                          int64_t(seq.offset_q + token) * p.lse_row_stride;
+  if (m == -INFINITY) {
+    for (int c = lane; c < p.head_dim; c += 32) out[c] = static_cast<T>(0.0f);
+    if (lane == 0 && lse_out != nullptr) *lse_out = -INFINITY;
+    return;
+  }
+  const float sink = p.sinks == nullptr ? -INFINITY : p.sinks[head * p.sinks_stride];
+  const float mm = fmaxf(m, sink);
+  float total = sink == -INFINITY ? 0.0f : expf(sink - mm);
+  for (int s = 0; s < split.splits; ++s) {
+    total += expf(partial_lse[partial_row(p, split, s, batch, head, token)] - mm);
+  }
+  const float lse = mm + logf(total);
+  for (int c = lane; c < p.head_dim; c += 32) {
+    float o = 0.0f;
+    for (int s = 0; s < split.splits; ++s) {
+      const int64_t row = partial_row(p, split, s, batch, head, token);
+      const float w = partial_lse[row];
+      if (w != -INFINITY) o = fmaf(expf(w - lse), partial_o[row * p.head_dim + c], o);
+    }
+    out[c] = static_cast<T>(o);
+  }
+  if (lane == 0 && lse_out != nullptr) *lse_out = lse;
+}
+
+template <class T, int kHeadDim>
+cudaError_t launch_decode(const cuda::FwdParams& p, const DecodeSplit& split, void* workspace,
+                          cudaStream_t stream) {
+  using Cfg = DecodeConfig<kHeadDim>;
+  auto kernel = decode_kernel<T, kHeadDim>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv * split.splits;
+  if (ctas > INT32_MAX) return cudaErrorNotSupported;
+  if (ctas == 0) return cudaSuccess;
+  float* partial_o = static_cast<float*>(workspace);
+  float* partial_lse = partial_o + partial_rows(p, split) * p.head_dim;
+  kernel<<<static_cast<unsigned>(ctas), kThreads, Cfg::kSmemBytes, stream>>>(p, split, partial_o,
+                                                                             partial_lse);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || split.splits == 1) return err;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  if (blocks > INT32_MAX) return cudaErrorNotSupported;
+  decode_combine_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      p, split, partial_o, partial_lse);
+  return cudaGetLastError();
+}
+
+}  // namespace decode
+}  // namespace flashattn
