@@ -2,6 +2,7 @@
 #include "cuda/decode/decode.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,7 +65,14 @@ constexpr size_t kSmemPerSm = 228 * 1024;
 constexpr size_t kSmemReservedPerCta = 1024;
 // A split reads at least this many key blocks: fewer make the merge cost more than it saves.
 constexpr int kMinBlocksPerSplit = 4;
-constexpr int kMaxSplits = 128;
+// The fewest splits whose last wave is at least this full, relative to the best split count's.
+constexpr double kWaveEfficiency = 0.95;
+
+// How full the grid's waves are: ctas over resident slots, divided by the waves rounded up.
+double wave_efficiency(int64_t ctas, int64_t slots) {
+  const double waves = static_cast<double>(ctas) / static_cast<double>(slots);
+  return waves / std::ceil(waves);
+}
 
 }  // namespace
 
@@ -88,19 +96,33 @@ DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
   const int64_t per_sm =
       std::max<int64_t>(1, static_cast<int64_t>(kSmemPerSm / (smem + kSmemReservedPerCta)));
   const int64_t target = std::max<int64_t>(1, dev.sm_count) * per_sm;
+  // The fewest splits within kWaveEfficiency of the best wave fill, among split counts that
+  // change the blocks per split (others only add empty CTAs).
   const int64_t blocks = (p.seqlen_k + decode::kBlockN - 1) / decode::kBlockN;
-  int64_t splits = 1;
-  if (ctas < target && blocks >= 2 * kMinBlocksPerSplit) {
-    splits = std::min<int64_t>({(target + ctas - 1) / ctas, blocks / kMinBlocksPerSplit,
-                                kMaxSplits});
+  const int64_t most = std::max<int64_t>(
+      1, std::min<int64_t>(blocks / kMinBlocksPerSplit, decode::kMaxSplits));
+  auto per_split_of = [blocks](int64_t s) { return std::max<int64_t>(1, (blocks + s - 1) / s); };
+  double best = 0.0;
+  for (int64_t s = 1; s <= most; ++s) {
+    if (s > 1 && per_split_of(s) == per_split_of(s - 1)) continue;
+    best = std::max(best, wave_efficiency(ctas * s, target));
   }
-  const int64_t per_split = std::max<int64_t>(1, (blocks + splits - 1) / splits);
-  splits = std::max<int64_t>(1, (blocks + per_split - 1) / per_split);
+  int64_t splits = 1;
+  for (int64_t s = 1; s <= most; ++s) {
+    if (s > 1 && per_split_of(s) == per_split_of(s - 1)) continue;
+    if (wave_efficiency(ctas * s, target) >= kWaveEfficiency * best) {
+      splits = s;
+      break;
+    }
+  }
+  const int64_t per_split = per_split_of(splits);
+  splits = (blocks + per_split - 1) / per_split;
+  splits = std::max<int64_t>(1, splits);
   plan.split.splits = static_cast<int>(splits);
   plan.split.blocks_per_split = static_cast<int>(per_split);
   if (splits > 1) {
     const size_t rows = static_cast<size_t>(splits * p.batch * p.heads_q * p.seqlen_q);
-    plan.workspace_bytes = rows * static_cast<size_t>(p.head_dim) * 4 + rows * 4;
+    plan.workspace_bytes = rows * static_cast<size_t>(plan.head_dim) * 4 + rows * 4;
   }
   return plan;
 }

@@ -114,8 +114,12 @@ __global__ void __launch_bounds__(kThreads)
     common::load_tile<TileKV, kThreads>(sK + TileKV::kElems, vg + int64_t(n0) * p.v_row_stride,
                                         p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
   };
-  if (b_begin < b_end) load_block(b_begin, 0);
-  common::cp_async_commit();
+  // The ring's first kStages - 1 blocks, a cp.async group each (Q in the first).
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (b_begin + i < b_end) load_block(b_begin + i, i);
+    common::cp_async_commit();
+  }
 
   // This thread's two rows (g and g + 8): their tokens, heads and score mods.
   const common::WindowMask mask = common::mask_of(p, seq);
@@ -140,9 +144,11 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int b = b_begin; b < b_end; ++b) {
     const int stage = (b - b_begin) % kStages;
-    if (b + 1 < b_end) load_block(b + 1, (stage + 1) % kStages);
+    // The block kStages - 1 ahead into the slot block b - 1 left (every warp is done with it).
+    const int ahead = b + kStages - 1;
+    if (ahead < b_end) load_block(ahead, (stage + kStages - 1) % kStages);
     common::cp_async_commit();
-    common::cp_async_wait<1>();
+    common::cp_async_wait<kStages - 1>();
     __syncthreads();  // block b (and Q) landed for every thread's copies
     const T* sK = ring + stage * Cfg::kStageElems;
     const T* sV = sK + TileKV::kElems;
@@ -258,20 +264,25 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       lse = seen ? m * common::OnlineSoftmax<1>::kLn2 + logf(l) : -INFINITY;
       const int64_t row = partial_row(p, split, s_idx, batch, pr.head, pr.token);
-      partial_o[row * p.head_dim + c] = seen ? o / l : 0.0f;
+      partial_o[row * kHeadDim + c] = seen ? o / l : 0.0f;
       if (c == 0) partial_lse[row] = lse;
     }
   }
 }
 
 // The splits' partials of one output row merged, a warp per row: LSE = log(sum_s e^LSE_s, plus
-// the sink's e^sink), O = sum_s e^(LSE_s - LSE) O_s. A row no split saw stays 0 / -inf.
-template <class T>
+// the sink's e^sink), O = sum_s e^(LSE_s - LSE) O_s. A row no split saw stays 0 / -inf. The
+// lanes share the LSEs (a split each, in turn), the weights go through shared memory, and each
+// lane then adds its 16-byte chunks of O over the splits with several loads in flight.
+constexpr int kCombineUnroll = 8;
+template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
     decode_combine_kernel(const __grid_constant__ cuda::FwdParams p, const DecodeSplit split,
                           const float* partial_o, const float* partial_lse) {
-  const int64_t warp_row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  __shared__ float weights[kWarps][kMaxSplits];
+  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  const int64_t warp_row = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   if (warp_row >= rows) return;
   const int token = static_cast<int>(warp_row % p.seqlen_q);
@@ -279,10 +290,12 @@ __global__ void __launch_bounds__(kThreads)
   const int batch = static_cast<int>(warp_row / p.seqlen_q / p.heads_q);
   const common::SeqlenInfo seq(p, batch);
   if (token >= seq.seqlen_q) return;
+  const int64_t row0 = partial_row(p, split, 0, batch, head, token);
+  const int64_t split_stride = partial_row(p, split, 1, batch, head, token) - row0;
   float m = -INFINITY;
-  for (int s = 0; s < split.splits; ++s) {
-    m = fmaxf(m, partial_lse[partial_row(p, split, s, batch, head, token)]);
-  }
+  for (int s = lane; s < split.splits; s += 32) m = fmaxf(m, partial_lse[row0 + s * split_stride]);
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, w));
   T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
            int64_t(seq.offset_q + token) * p.o_row_stride;
   float* lse_out = p.lse == nullptr ? nullptr
@@ -296,19 +309,52 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float sink = p.sinks == nullptr ? -INFINITY : p.sinks[head * p.sinks_stride];
   const float mm = fmaxf(m, sink);
-  float total = sink == -INFINITY ? 0.0f : expf(sink - mm);
-  for (int s = 0; s < split.splits; ++s) {
-    total += expf(partial_lse[partial_row(p, split, s, batch, head, token)] - mm);
+  float total = 0.0f;
+  for (int s = lane; s < split.splits; s += 32) {
+    total += expf(partial_lse[row0 + s * split_stride] - mm);
   }
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) total += __shfl_xor_sync(0xffffffffu, total, w);
+  if (sink != -INFINITY) total += expf(sink - mm);
   const float lse = mm + logf(total);
-  for (int c = lane; c < p.head_dim; c += 32) {
-    float o = 0.0f;
-    for (int s = 0; s < split.splits; ++s) {
-      const int64_t row = partial_row(p, split, s, batch, head, token);
-      const float w = partial_lse[row];
-      if (w != -INFINITY) o = fmaf(expf(w - lse), partial_o[row * p.head_dim + c], o);
+  for (int s = lane; s < split.splits; s += 32) {
+    const float l = partial_lse[row0 + s * split_stride];
+    weights[warp][s] = l == -INFINITY ? 0.0f : expf(l - lse);  // its O holds 0 then
+  }
+  __syncwarp();
+  constexpr int kChunks = kHeadDim / 4;  // 16-byte chunks of a partial row
+  for (int ch = lane; ch < kChunks; ch += 32) {
+    const float4* src = reinterpret_cast<const float4*>(partial_o + row0 * kHeadDim) + ch;
+    const int64_t step = split_stride * kChunks;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int s = 0;
+    for (; s + kCombineUnroll <= split.splits; s += kCombineUnroll) {
+      float4 v[kCombineUnroll];
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) v[u] = src[(s + u) * step];
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const float w = weights[warp][s + u];
+        o.x = fmaf(w, v[u].x, o.x);
+        o.y = fmaf(w, v[u].y, o.y);
+        o.z = fmaf(w, v[u].z, o.z);
+        o.w = fmaf(w, v[u].w, o.w);
+      }
     }
-    out[c] = static_cast<T>(o);
+    for (; s < split.splits; ++s) {
+      const float4 v = src[s * step];
+      const float w = weights[warp][s];
+      o.x = fmaf(w, v.x, o.x);
+      o.y = fmaf(w, v.y, o.y);
+      o.z = fmaf(w, v.z, o.z);
+      o.w = fmaf(w, v.w, o.w);
+    }
+    const float vals[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = ch * 4 + e;
+      if (c < p.head_dim) out[c] = static_cast<T>(vals[e]);
+    }
   }
   if (lane == 0 && lse_out != nullptr) *lse_out = lse;
 }
@@ -325,15 +371,15 @@ cudaError_t launch_decode(const cuda::FwdParams& p, const DecodeSplit& split, vo
   if (ctas > INT32_MAX) return cudaErrorNotSupported;
   if (ctas == 0) return cudaSuccess;
   float* partial_o = static_cast<float*>(workspace);
-  float* partial_lse = partial_o + partial_rows(p, split) * p.head_dim;
+  float* partial_lse = partial_o + partial_rows(p, split) * kHeadDim;
   kernel<<<static_cast<unsigned>(ctas), kThreads, Cfg::kSmemBytes, stream>>>(p, split, partial_o,
                                                                              partial_lse);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.splits == 1) return err;
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
-  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
   if (blocks > INT32_MAX) return cudaErrorNotSupported;
-  decode_combine_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  decode_combine_kernel<T, kHeadDim><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       p, split, partial_o, partial_lse);
   return cudaGetLastError();
 }

@@ -20,17 +20,20 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kWarpKeys = 16;  // each warp's keys of a block
 constexpr int kBlockN = kWarps * kWarpKeys;
-constexpr int kStages = 2;     // K/V blocks in flight per CTA
+constexpr int kStages = 3;     // K/V blocks in the ring: two in flight while one is read
 
 // The keys of each sequence in `splits` ranges of blocks_per_split key blocks (kBlockN keys);
 // splits == 1 writes the output directly, more write fp32 partials that a second launch merges.
+constexpr int kMaxSplits = 128;
+
 struct DecodeSplit {
   int splits = 1;
   int blocks_per_split = 0;
 };
 
-// The partials in the workspace: O [splits, batch, heads_q, seqlen_q, head_dim] (fp32), then
-// LSE [splits, batch, heads_q, seqlen_q]; seqlen_q is the longest sequence's.
+// The partials in the workspace: O [splits, batch, heads_q, seqlen_q, padded head dim] (fp32,
+// rows of 16-byte chunks), then LSE [splits, batch, heads_q, seqlen_q]; seqlen_q is the longest
+// sequence's.
 FLASHATTN_HD inline int64_t partial_rows(const cuda::FwdParams& p, const DecodeSplit& s) {
   return int64_t(s.splits) * p.batch * p.heads_q * p.seqlen_q;
 }
