@@ -529,6 +529,12 @@ def run_gpu(args, lib):
             rec["ours_ms"] = bench(call.forward) if ok else None
             rec["why"] = "" if ok else why
             qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+            # SDPA's is_causal aligns the diagonal top-left when Nq != Nk; ours (as FA2's and
+            # cuDNN's own APIs) bottom-right: the same mask through causal_lower_right.
+            mask_kw = {"is_causal": causal}
+            if causal and Nq != Nk:
+                from torch.nn.attention.bias import causal_lower_right
+                mask_kw = {"attn_mask": causal_lower_right(Nq, Nk)}
             ref = None
             for who, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 ms, how = None, ""
@@ -537,7 +543,7 @@ def run_gpu(args, lib):
                         kk, vv = (kh, vh) if gqa else (t.repeat_interleave(Hq // Hkv, dim=1) for t in (kh, vh))
                         kw = {"enable_gqa": True} if gqa else {}
                         with torch.no_grad(), sdpa_kernel(backend):
-                            fn = lambda: F.scaled_dot_product_attention(qh, kk, vv, is_causal=causal, **kw)
+                            fn = lambda: F.scaled_dot_product_attention(qh, kk, vv, **mask_kw, **kw)
                             ms = bench(fn)
                             if ref is None:
                                 ref = fn().transpose(1, 2)

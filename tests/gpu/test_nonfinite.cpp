@@ -50,8 +50,10 @@ const char* name_of(flashattn_algorithm_t alg) {
 }
 
 // Forward on the device; false when the algorithm declines the problem (flash not built).
+// window_left >= 0: a sliding window of that many keys left of the diagonal (causal on the
+// right).
 bool forward(const Case& c, flashattn_algorithm_t alg, const gpu_test::Inputs& in,
-             HostTensor* out, HostTensor* lse) {
+             HostTensor* out, HostTensor* lse, int32_t window_left = -1) {
   flashattn_context_t ctx = gpu_test::shared_context();
   DeviceSet dev;
   const flashattn_tensor_t q = dev.upload(in.q), k = dev.upload(in.k), v = dev.upload(in.v);
@@ -60,7 +62,12 @@ bool forward(const Case& c, flashattn_algorithm_t alg, const gpu_test::Inputs& i
   out->poison();
   lse->poison();
   const flashattn_tensor_t o = dev.upload(*out), l = dev.upload(*lse);
-  const flashattn_options_t opts = gpu_test::options_for(c, alg);
+  flashattn_options_t opts = gpu_test::options_for(c, alg);
+  if (window_left >= 0) {
+    opts.window = 1;
+    opts.window_left = window_left;
+    opts.window_right = 0;
+  }
   const flashattn_status_t st = flashattn_forward(ctx, &q, &k, &v, &o, &l, &opts, nullptr, 0);
   if (st == FLASHATTN_ERROR_UNSUPPORTED) return false;
   GPU_FA_OK(st);
@@ -123,6 +130,34 @@ void check_forward_hidden_nonfinite(flashattn_algorithm_t alg) {
     }
 }
 
+// One query token under a sliding window (the flash forward's decode kernel): keys left of the
+// window hold NaN and infinities, one in a key block the window never reaches and one in the
+// block where it starts; the result is the clean run's.
+void check_decode_hidden_nonfinite(flashattn_algorithm_t alg) {
+  constexpr int64_t kKeys = 500, kLeft = 200, kFarKey = 100, kNearKey = 298;  // sees 299..499
+  for (flashattn_dtype_t dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
+    for (int64_t d : {64, 128}) {
+      const Case c{"decode", dtype, 1, 1, kKeys, 8, 2, d, true, 0.0f, Layout::Contiguous};
+      CAPTURE(gpu_test::describe(c) + " " + name_of(alg));
+      const gpu_test::Inputs clean = gpu_test::make_inputs(c, 7);
+      HostTensor want_out, want_lse, out, lse;
+      if (!forward(c, alg, clean, &want_out, &want_lse, kLeft)) continue;
+      for (int which = 0; which < 2; ++which) {
+        CAPTURE(which);  // 0: v, 1: k
+        gpu_test::Inputs in = gpu_test::make_inputs(c, 7);
+        HostTensor* t = which == 0 ? &in.v : &in.k;
+        t->set_nonfinite_row(kFarKey);
+        t->set_nonfinite_row(kNearKey);
+        REQUIRE(forward(c, alg, in, &out, &lse, kLeft));
+        expect_close("out", rows_of(out, 1), rows_of(want_out, 1), dtype);
+        for (int64_t h = 0; h < c.hq; ++h) {
+          const double want_l = want_lse.get(0, h, 0);
+          CHECK(std::fabs(lse.get(0, h, 0) - want_l) <= 1e-5 * (1.0 + std::fabs(want_l)));
+        }
+      }
+    }
+}
+
 void check_backward_hidden_nonfinite(flashattn_algorithm_t alg) {
   for (flashattn_dtype_t dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
     for (int64_t d : {64, 128}) {
@@ -179,6 +214,10 @@ TEST_CASE("forward, standard: a NaN or infinity the mask hides never reaches out
 }
 TEST_CASE("forward, flash: a NaN or infinity the mask hides never reaches out or lse") {
   check_forward_hidden_nonfinite(FLASHATTN_ALGORITHM_FLASH);
+}
+TEST_CASE("decode, both algorithms: a NaN or infinity left of a sliding window stays out") {
+  check_decode_hidden_nonfinite(FLASHATTN_ALGORITHM_STANDARD);
+  check_decode_hidden_nonfinite(FLASHATTN_ALGORITHM_FLASH);
 }
 }  // TEST_SUITE
 

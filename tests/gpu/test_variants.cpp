@@ -509,6 +509,19 @@ TEST_SUITE("gpu_variants_decode") {
                  {2000, 3, 64}, 1),
           tally);
   }
+
+  TEST_CASE("decode under sliding windows: one token, left bounds inside and past the keys") {
+    Tally tally("decode windows");
+    check(windowed(make(BF16, 1, 1, 5000, 32, 8, 128, true), 1000, 0), tally);
+    check(windowed(make(F16, 2, 1, 3000, 8, 2, 64), 63, -1), tally);     // 64 keys, 2 blocks
+    check(windowed(make(BF16, 3, 1, 700, 4, 1, 128), 0, 5), tally);      // the last key only
+    check(windowed(make(F16, 1, 1, 100, 8, 1, 64, true), 5000, 0), tally);  // past the keys
+    check(with_sinks(with_alibi(windowed(make(BF16, 1, 1, 9000, 16, 4, 128, true), 4095, 0))),
+          tally);
+    check(varlen(windowed(make(F16, 1, 1, 1, 8, 2, 64, true), 100, 0), {1, 1, 0, 1},
+                 {1, 3000, 5, 70}),
+          tally);
+  }
 }
 
 TEST_SUITE("gpu_variants_combined") {

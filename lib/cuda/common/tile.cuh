@@ -22,14 +22,15 @@ struct SwizzledTile {
   }
 };
 
-// Asynchronously copies rows [0, rows_valid) x cols [0, cols_valid) of a row-major global tile
-// (row stride in elements, 16-byte aligned rows) into the swizzled tile; everything else in the
-// tile is zero-filled. Part of the caller's current cp.async group. Each thread owns one 16-byte
+// Asynchronously copies rows [0, rows_valid) (kFromRow: [rows_begin, rows_valid)) x cols
+// [0, cols_valid) of a row-major global tile (row stride in elements, 16-byte aligned rows) into
+// the swizzled tile; everything else in the tile is zero-filled. Part of the caller's current cp.async group. Each thread owns one 16-byte
 // chunk column and every (kThreads / 8)-th row, so its shared-memory offsets are compile-time
 // constants plus one per-thread base, and its global pointer advances by one stride per step.
-template <class Tile, int kThreads, class T>
+template <class Tile, int kThreads, bool kFromRow = false, class T>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
-                                          int rows_valid, int cols_valid, int tid) {
+                                          int rows_valid, int cols_valid, int tid,
+                                          int rows_begin = 0) {
   constexpr int kRowStep = kThreads / 8;
   static_assert(Tile::kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows split evenly");
   const int row0 = tid / 8;
@@ -39,7 +40,10 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   const int64_t g_step = int64_t(kRowStep) * row_stride;
 #pragma unroll
   for (int i = 0; i < Tile::kRows / kRowStep; ++i) {
-    const bool row_ok = row0 + i * kRowStep < rows_valid;
+    const int row = row0 + i * kRowStep;
+    // kFromRow: rows before rows_begin zero-filled too (a separate instance, so that the
+    // kernels that start at row 0 keep their code).
+    const bool row_ok = row < rows_valid && (!kFromRow || row >= rows_begin);
 #pragma unroll
     for (int cb = 0; cb < Tile::kColBlocks; ++cb) {
       const int left = cols_valid - (cb * 64 + chunk * 8);

@@ -79,11 +79,14 @@ double wave_efficiency(int64_t ctas, int64_t slots) {
 DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
   DecodePlan plan;
   const int64_t group = p.group_size();
-  const bool no_hidden_key =
-      (p.window_left < 0 || p.window_left >= p.seqlen_q + p.seqlen_k) &&
-      (p.window_right < 0 || p.window_right >= p.seqlen_q - 1);
+  // Every key visible to all rows or hidden from all (decode_kernel.cuh): one query token, or
+  // no key hidden below a sequence's end (no left bound, a right bound of at least
+  // seqlen_q - 1, where diag + right reaches the last key from the first token).
+  const bool left_bound = p.window_left >= 0 && p.window_left < p.seqlen_q + p.seqlen_k;
+  const bool one_range = p.seqlen_q == 1 || (!left_bound && (p.window_right < 0 ||
+                                                             p.window_right >= p.seqlen_q - 1));
   if (p.dtype == DType::F32 || !have_dtype(p.dtype) || p.head_dim_v != p.head_dim ||
-      p.seqlen_q * group > decode::kRows || p.seqlen_q < 1 || !no_hidden_key) {
+      p.seqlen_q * group > decode::kRows || p.seqlen_q < 1 || !one_range) {
     return plan;
   }
   plan.head_dim = padded_dim(p.head_dim);
@@ -98,7 +101,10 @@ DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
   const int64_t target = std::max<int64_t>(1, dev.sm_count) * per_sm;
   // The fewest splits within kWaveEfficiency of the best wave fill, among split counts that
   // change the blocks per split (others only add empty CTAs).
-  const int64_t blocks = (p.seqlen_k + decode::kBlockN - 1) / decode::kBlockN;
+  int64_t blocks = (p.seqlen_k + decode::kBlockN - 1) / decode::kBlockN;
+  if (left_bound) {  // at most window_left + 1 keys, over one more block than they fill
+    blocks = std::min<int64_t>(blocks, (p.window_left + 1 + decode::kBlockN - 1) / decode::kBlockN + 1);
+  }
   const int64_t most = std::max<int64_t>(
       1, std::min<int64_t>(blocks / kMinBlocksPerSplit, decode::kMaxSplits));
   auto per_split_of = [blocks](int64_t s) { return std::max<int64_t>(1, (blocks + s - 1) / s); };

@@ -23,9 +23,9 @@ struct DecodePlan {
 
 // From the problem's shapes and longest lengths only (never its data), so a CUDA graph captured
 // with one set of lengths stays valid and the workspace query answers for the call: taken when
-// the query tokens times a KV group's heads fill at most one packed tile, the mask hides no key
-// below a sequence's end (no left bound; a right bound of at least seqlen_q - 1), and d_v == d;
-// split so that the grid fills the GPU.
+// the query tokens times a KV group's heads fill at most one packed tile, every key is visible
+// to all rows or hidden from all (one token with any window; more with no key hidden below the
+// end), and d_v == d; split so that the grid fills the GPU.
 DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev);
 
 // Enqueues the decode kernel (and the merge of its splits) for a plan that applies.

@@ -6,10 +6,12 @@
 // CTA each warp takes 16 keys of every 64-key block; K and V stream through a two-stage cp.async
 // ring; the four warps' online-softmax states are merged through shared memory at the end.
 //
-// Taken only where the mask hides no key below a sequence's end from any row (no left bound, a
-// right bound of at least seqlen_q - 1: plain and one-token causal decode), so no score the mask
-// hides ever meets a value in an MMA; softcap, ALiBi (a slope per packed row's head), sinks and
-// packed variable-length batches are applied per row.
+// Taken only where every key is visible to every row or hidden from all of them (one query
+// token with any window; more tokens with no key hidden below the end): the rows then share one
+// range of visible keys, the key blocks outside it are never read, and the rows of V below it in
+// the first block are zero-filled, so no value the mask hides meets a probability in an MMA
+// (0 * inf). Softcap, ALiBi (a slope per packed row's head), sinks and packed variable-length
+// batches are applied per row.
 #pragma once
 
 #include <cfloat>
@@ -84,8 +86,15 @@ __global__ void __launch_bounds__(kThreads)
   const int t = lane % 4;
 
   const common::SeqlenInfo seq(p, batch);
-  const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
-  const int b_begin = min(s_idx * split.blocks_per_split, n_blocks);
+  const common::WindowMask mask = common::mask_of(p, seq);
+  // The keys [key_lo, key_hi] every row sees (the first token's: the plan admits no other kind).
+  int key_lo, key_hi;
+  mask.keys_of(0, key_lo, key_hi);
+  key_lo = max(key_lo, 0);
+  key_hi = min(key_hi, seq.seqlen_k - 1);
+  const int first_block = key_lo / kBlockN;
+  const int n_blocks = key_hi < key_lo ? first_block : key_hi / kBlockN + 1;
+  const int b_begin = min(first_block + s_idx * split.blocks_per_split, n_blocks);
   const int b_end = min(b_begin + split.blocks_per_split, n_blocks);
 
   // Q: packed row r from its token's row and its head (rows past the tokens zero-filled).
@@ -111,8 +120,9 @@ __global__ void __launch_bounds__(kThreads)
     T* sK = ring + stage * Cfg::kStageElems;
     common::load_tile<TileKV, kThreads>(sK, kg + int64_t(n0) * p.k_row_stride, p.k_row_stride,
                                         seq.seqlen_k - n0, p.head_dim, tid);
-    common::load_tile<TileKV, kThreads>(sK + TileKV::kElems, vg + int64_t(n0) * p.v_row_stride,
-                                        p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
+    common::load_tile<TileKV, kThreads, true>(sK + TileKV::kElems,
+                                              vg + int64_t(n0) * p.v_row_stride, p.v_row_stride,
+                                              key_hi + 1 - n0, p.head_dim, tid, key_lo - n0);
   };
   // The ring's first kStages - 1 blocks, a cp.async group each (Q in the first).
 #pragma unroll
@@ -122,7 +132,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // This thread's two rows (g and g + 8): their tokens, heads and score mods.
-  const common::WindowMask mask = common::mask_of(p, seq);
   PackedRow rows[2];
   common::ScoreMod mods[2];
 #pragma unroll
@@ -168,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
       sm80::mma_16816<T>(acc_s, a, b0, b1);
       sm80::mma_16816<T>(acc_s + 4, a, b2, b3);
     }
-    // Logits per row, and the keys past the sequence's end hidden.
+    // Logits per row, and the keys outside the visible range hidden.
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -178,7 +187,7 @@ __global__ void __launch_bounds__(kThreads)
           const int key = key0 + 8 * nt + 2 * t + e;
           float& x = acc_s[nt * 4 + 2 * hh + e];
           if (modded) x = mods[hh].logit2(x, rows[hh].token, key);
-          if (key >= seq.seqlen_k) x = hidden;
+          if (key < key_lo || key > key_hi) x = hidden;
         }
     float corr[2];
     softmax.update<2>(acc_s, softmax_scale, neg_scale, corr);
