@@ -2,6 +2,7 @@
 // that does not depend on them matches the run with finite values there (to an ulp or two: the
 // standard algorithm recomputes the elements a GEMM spoiled, in its own order), and a row that
 // sees no key is exactly 0 / -inf. The header's rule; the CPU backend's tests check the same.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -158,6 +159,51 @@ void check_decode_hidden_nonfinite(flashattn_algorithm_t alg) {
     }
 }
 
+// softmax_scale at +-FLASHATTN_MAX_SOFTMAX_SCALE: each query's largest score is ~1e26 above the
+// next, the softmax one-hot. out is the v row of that key, LSE finite, dv sums the dout rows of
+// the queries that picked each key, and no gradient is NaN (dq and dk carry the scale times
+// rounding noise: the header lets them pass their dtype's range).
+void check_scale_bound(flashattn_algorithm_t alg) {
+  for (flashattn_dtype_t dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
+    for (float scale : {FLASHATTN_MAX_SOFTMAX_SCALE, -FLASHATTN_MAX_SOFTMAX_SCALE})
+      for (bool causal : {false, true}) {
+        const Case c{"scale-bound", dtype, 1, 70, 90, 2, 1, 64, causal, scale, Layout::Contiguous};
+        CAPTURE(gpu_test::describe(c) + " " + name_of(alg));
+        const gpu_test::Inputs in = gpu_test::make_inputs(c, 11);
+        HostTensor out, lse;
+        if (!forward(c, alg, in, &out, &lse)) continue;
+        HostTensor dout = gpu_test::output_like(c, c.nq, c.hq);
+        dout.fill_normal(21);
+        HostTensor grads[3];
+        REQUIRE(backward(c, alg, in, out, lse, dout, grads));
+        std::vector<double> want_dv(static_cast<size_t>(c.nk * c.d), 0.0);
+        const int64_t off = c.nk - c.nq;
+        for (int64_t h = 0; h < c.hq; ++h)
+          for (int64_t i = 0; i < c.nq; ++i) {
+            CHECK(std::isfinite(lse.get(0, h, i)));
+            const int64_t visible = causal ? std::min(c.nk, i + off + 1) : c.nk;
+            int64_t best = 0;
+            double best_score = -kInf;
+            for (int64_t j = 0; j < visible; ++j) {
+              double s = 0;
+              for (int64_t x = 0; x < c.d; ++x) s += in.q.get(0, i, h, x) * in.k.get(0, j, 0, x);
+              s *= scale;
+              if (s > best_score) best_score = s, best = j;
+            }
+            for (int64_t x = 0; x < c.d; ++x) {
+              CHECK(out.get(0, i, h, x) == in.v.get(0, best, 0, x));
+              want_dv[static_cast<size_t>(best * c.d + x)] += dout.get(0, i, h, x);
+            }
+          }
+        for (int g = 0; g < 2; ++g)
+          for (double x : grads[g].to_double()) REQUIRE(!std::isnan(x));
+        std::vector<double> got_dv;
+        for (int64_t j = 0; j < c.nk; ++j)
+          for (int64_t x = 0; x < c.d; ++x) got_dv.push_back(grads[2].get(0, j, 0, x));
+        expect_close("dv", got_dv, want_dv, dtype);
+      }
+}
+
 void check_backward_hidden_nonfinite(flashattn_algorithm_t alg) {
   for (flashattn_dtype_t dtype : {FLASHATTN_DTYPE_FLOAT16, FLASHATTN_DTYPE_BFLOAT16})
     for (int64_t d : {64, 128}) {
@@ -222,6 +268,10 @@ TEST_CASE("decode, both algorithms: a NaN or infinity left of a sliding window s
 }  // TEST_SUITE
 
 TEST_SUITE("gpu_backward") {
+TEST_CASE("softmax_scale at FLASHATTN_MAX_SOFTMAX_SCALE, both algorithms: a finite one-hot softmax") {
+  check_scale_bound(FLASHATTN_ALGORITHM_STANDARD);
+  check_scale_bound(FLASHATTN_ALGORITHM_FLASH);
+}
 TEST_CASE("backward, standard: a NaN or infinity the mask hides never reaches dq, dk or dv") {
   check_backward_hidden_nonfinite(FLASHATTN_ALGORITHM_STANDARD);
 }

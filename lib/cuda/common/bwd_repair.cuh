@@ -94,7 +94,7 @@ __device__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv, 
       }
       float dcap = 1.0f;
       const float x = mod.active() ? mod.logit2(s, r, key, dcap) : s * p.scale_log2;
-      const float prob = exp2f(x - p.lse_log2[stats + r]);
+      const float prob = exp2_from_lse(x, p.lse_log2[stats + r]);
       const float ds = prob * (dp - p.dsum[stats + r]) * dcap;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
@@ -171,7 +171,7 @@ __device__ void recompute_query(const cuda::BwdParams& p, int batch, int head, i
     }
     float dcap = 1.0f;
     const float x = mod.active() ? mod.logit2(s, row, j, dcap) : s * p.scale_log2;
-    const float ds = exp2f(x - lse2) * (dp - dsum) * dcap;
+    const float ds = exp2_from_lse(x, lse2) * (dp - dsum) * dcap;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) dq[i] = fmaf(ds, kv[i], dq[i]);
   }

@@ -29,7 +29,7 @@ __device__ __forceinline__ void general_scores_transposed(
       const int col = 8 * j + 2 * t + (e % 2);
       float dcap;
       const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
-      float prob = exp2_approx(x - lse2[col]);
+      float prob = exp2_from_lse(x, lse2[col]);
       if (masked && WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) prob = 0.0f;
       if (with_dsinks) {
         dsink.add(DsinkAccumulator::sink_share(sink2, lse2[col]), prob, acc_dp[4 * j + e]);

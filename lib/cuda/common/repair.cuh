@@ -81,7 +81,7 @@ __device__ __noinline__ void recompute_row(const cuda::FwdParams& p, int batch, 
 #pragma unroll
     for (int w = 16; w > 0; w /= 2) s += __shfl_xor_sync(0xffffffffu, s, w);
     const float x = mod.active() ? mod.logit2(s, row, j) : s * p.scale_log2;
-    const float pj = exp2f(x - lse2);
+    const float pj = exp2_from_lse(x, lse2);
     const T* vj = v + int64_t(j) * p.v_row_stride;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {

@@ -32,6 +32,23 @@ __device__ __forceinline__ float tanh_accurate(float y) {
   return 1.0f - 2.0f * rcp_approx(exp2_approx(y * (2.0f * kLog2e)) + 1.0f);
 }
 
+// Past this |softmax_scale| the kernels form every logit as a rounded product first (the mod is
+// then active with pre = scale * log2(e)): a row's maximum then equals its winner's logit
+// exactly, so the softmax's exp2(x - max) is 1 there, not exp2 of the fma's rounding residual
+// (at scale 1e26 a residual of ~1e19: 0 or inf). The plain loops' fused form is exact enough
+// below it for any input whose logits fp32 holds to a unit.
+constexpr float kRoundedLogitScale = 16.0f;
+
+// exp2(logit - LSE) in log2 units, for the backward and the recomputations from the LSE: at
+// most 1, and 1 where the logit is within the fp32 LSE's rounding of it (the LSE of a one-hot
+// row at a huge scale is its winner's logit, rounded by ~|LSE| 2^-24).
+constexpr float kLseResolution = 1.0f / (1 << 22);
+__device__ __forceinline__ float exp2_from_lse(float logit2, float lse2) {
+  float x = fminf(logit2 - lse2, 0.0f);
+  if (x > -fabsf(lse2) * kLseResolution) x = 0.0f;
+  return exp2_approx(x);
+}
+
 struct ScoreMod {
   float pre = 0.0f;     // s times this: scale / c with a softcap, else scale * log2(e)
   float cap2 = 0.0f;    // c * log2(e) (softcap only)
@@ -39,8 +56,9 @@ struct ScoreMod {
   int diag = 0;         // the mask's diagonal: query i sits at key i + diag
   bool softcap = false;
   bool alibi = false;
+  bool rounded = false;  // |scale| > kRoundedLogitScale: logits as rounded products
 
-  __device__ __forceinline__ bool active() const { return softcap || alibi; }
+  __device__ __forceinline__ bool active() const { return softcap || alibi || rounded; }
 
   // The log2 logit of raw score s for (query, key); dcap = 1 - tanh^2 (1 without a softcap).
   __device__ __forceinline__ float logit2(float s, int query, int key, float& dcap) const {
@@ -87,6 +105,7 @@ __device__ __forceinline__ ScoreMod score_mod_of(const Params& p, int batch, int
   m.diag = mask.diag;
   m.softcap = p.softcap > 0.0f;
   m.alibi = p.alibi != nullptr;
+  m.rounded = fabsf(p.scale) > kRoundedLogitScale;
   m.pre = m.softcap ? p.scale / p.softcap : p.scale_log2;
   m.cap2 = p.softcap * kLog2e;
   if (m.alibi) {
@@ -102,9 +121,9 @@ __device__ __forceinline__ float sink_log2_of(const Params& p, int head) {
   return p.sinks == nullptr ? -INFINITY : p.sinks[head * p.sinks_stride] * kLog2e;
 }
 
-// Whether a tile needs the general loop: a softcap, ALiBi or a window's left bound. Without
-// them (plain attention, causal) the kernels run a loop specialized for that, with the mod off
-// and WindowMask::without_left, which holds no register for them.
+// Whether a tile needs the general loop: a softcap, ALiBi, a huge scale or a window's left
+// bound. Without them (plain attention, causal) the kernels run a loop specialized for that, with
+// the mod off and WindowMask::without_left, which holds no register for them.
 __device__ __forceinline__ bool needs_general(const ScoreMod& m, const WindowMask& mask) {
   return m.active() || mask.left >= 0;
 }
@@ -119,7 +138,8 @@ __host__ __device__ inline const float* dsinks_of(const cuda::BwdParams& p) { re
 template <class Params>
 __host__ __device__ inline bool needs_general(const Params& p) {
   return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0 ||
-         dsinks_of(p) != nullptr || p.cu_seqlens_q != nullptr;
+         dsinks_of(p) != nullptr || p.cu_seqlens_q != nullptr ||
+         p.scale > kRoundedLogitScale || p.scale < -kRoundedLogitScale;
 }
 
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop

@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             float dcap = 1.0f;
             float prob;
             if (kGeneral && mod.active()) {
-              prob = common::exp2_approx(mod.logit2(s, row, n0 + c, dcap) - lse2);
+              prob = common::exp2_from_lse(mod.logit2(s, row, n0 + c, dcap), lse2);
             } else {
               prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
             }
