@@ -54,6 +54,7 @@
 %noexception flashattn_options::window_left;
 %noexception flashattn_options::window_right;
 %noexception flashattn_options::softcap;
+%noexception flashattn_options::num_splits;
 %noexception flashattn_args;
 %noexception flashattn_args::~flashattn_args;
 %noexception flashattn_args::size;

@@ -124,6 +124,9 @@ type Options struct {
 	Deterministic bool    // bit-identical backward results run after run
 	Window        *Window // nil: no sliding window
 	Softcap       float32 // 0: none; else c > 0: each score s becomes c * tanh(s / c)
+	// NumSplits: 0 lets the library choose; n > 0 is the number of parts the CUDA flash forward
+	// splits each sequence's keys into where it splits them (few query rows against many keys).
+	NumSplits int
 }
 
 // Window is a sliding window: query i sees the keys j with i + diag - Left <= j <= i + diag +
@@ -159,6 +162,7 @@ func (o *Options) fill(r *capi.Options) error {
 		r.Window, r.WindowLeft, r.WindowRight = 1, int32(o.Window.Left), int32(o.Window.Right)
 	}
 	if o != nil {
+		r.NumSplits = int64(o.NumSplits)
 		r.Softcap = o.Softcap
 		r.SoftmaxScale = o.Scale
 		r.Algorithm = o.Algorithm

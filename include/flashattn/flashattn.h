@@ -350,10 +350,19 @@ typedef struct flashattn_options {
                               unbounded one becomes 0) */
   float softcap;           /* 0 (default): none; else c > 0 and finite: each score s = scale * q.k
                               becomes c * tanh(s / c) before the masks, ALiBi and the softmax */
+  /* Added with the decode path. */
+  int64_t num_splits;      /* >= 0. 0 (default): the library chooses. n > 0: where the CUDA flash
+                              forward splits the keys of each (batch entry, KV head) across
+                              thread blocks and merges the parts (few query rows against many
+                              keys: one query token, or query tokens times a KV group's heads at
+                              most 16), it makes n parts, fewer when the keys fill fewer blocks
+                              of 64 or n passes 128. The result is the same attention up to
+                              rounding; other paths and backends ignore it. The choice, like the
+                              library's own, depends only on shapes, so a CUDA graph stays valid */
 } flashattn_options_t;
 
 #define FLASHATTN_OPTIONS_INIT \
-  { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0, 0, 0, 0, 0.0f }
+  { sizeof(flashattn_options_t), 0.0f, 0, FLASHATTN_ALGORITHM_FLASH, 0, 0, 0, 0, 0.0f, 0 }
 
 /* Fills the first `size` bytes of *out with the defaults (what FLASHATTN_OPTIONS_INIT gives)
  * and sets out->size = size. `size` is the size of the struct as the caller compiled it, so the

@@ -368,6 +368,7 @@ constexpr size_t kOptionsFieldEnds[] = {
     FLASHATTN_FIELD_END(flashattn_options_t, window_left),
     FLASHATTN_FIELD_END(flashattn_options_t, window_right),
     FLASHATTN_FIELD_END(flashattn_options_t, softcap),
+    FLASHATTN_FIELD_END(flashattn_options_t, num_splits),
 };
 
 constexpr size_t kArgsFieldEnds[] = {
@@ -508,6 +509,11 @@ void check_option_values(const flashattn_options_t& o) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
          "options: softcap is %g, must be 0 (none) or a finite cap > 0",
          static_cast<double>(o.softcap));
+  }
+  if (o.num_splits < 0) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "options: num_splits is %lld, must be 0 (the library chooses) or a number of parts > 0",
+         static_cast<long long>(o.num_splits));
   }
 }
 
@@ -768,6 +774,7 @@ Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
   p.algorithm = static_cast<Algorithm>(o.algorithm);
   p.deterministic = o.deterministic != 0;
   p.softcap = o.softcap;
+  p.num_splits = o.num_splits;  // >= 0; the backends cut it to what they can use
   p.window_left = o.window != 0 ? o.window_left : -1;
   p.window_right = o.window != 0 ? o.window_right : -1;
   if (o.causal != 0) p.window_right = p.window_right < 0 ? 0 : std::min<int64_t>(p.window_right, 0);

@@ -52,6 +52,7 @@ struct Problem {
   Alibi alibi = Alibi::None;
   bool sinks = false;
   bool varlen = false;
+  int64_t num_splits = 0;  // 0: the backend chooses; else the parts of a split key range (decode)
   int64_t total_q = 0;  // B * seqlen_q for a fixed-length batch
   int64_t total_k = 0;  // B * seqlen_k for a fixed-length batch
 

@@ -436,6 +436,9 @@ struct Fixture {
     } else if (field == "deterministic") {
       store32(reinterpret_cast<int32_t*>(o + offsetof(flashattn_options_t, deterministic)),
               parse_int(rhs));
+    } else if (field == "num_splits") {
+      const int64_t n = parse_int(rhs);
+      std::memcpy(o + offsetof(flashattn_options_t, num_splits), &n, sizeof n);
     } else if (field == "window" || field == "window_left" || field == "window_right") {
       const size_t at = field == "window"        ? offsetof(flashattn_options_t, window)
                         : field == "window_left" ? offsetof(flashattn_options_t, window_left)

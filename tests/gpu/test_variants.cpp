@@ -510,6 +510,18 @@ TEST_SUITE("gpu_variants_decode") {
           tally);
   }
 
+  TEST_CASE("decode with the number of splits forced: 1, 2, 7, 128 and past what the keys fill") {
+    Tally tally("decode splits");
+    for (int32_t n : {1, 2, 7, 128, 100000}) {
+      Case c = with_sinks(make(n % 2 == 0 ? F16 : BF16, 2, 1, 3000, 8, 2, 128, true));
+      c.num_splits = n;
+      check(c, tally);
+    }
+    Case w = windowed(make(BF16, 1, 2, 900, 8, 1, 64), -1, 1);
+    w.num_splits = 5;
+    check(w, tally);
+  }
+
   TEST_CASE("decode under sliding windows: one token, left bounds inside and past the keys") {
     Tally tally("decode windows");
     check(windowed(make(BF16, 1, 1, 5000, 32, 8, 128, true), 1000, 0), tally);

@@ -54,6 +54,7 @@ std::string Case::name() const {
   if (scale != 0.0f) s += " scale=" + std::to_string(scale);
   if (window) s += " window(" + std::to_string(left) + "," + std::to_string(right) + ")";
   if (softcap > 0) s += " softcap=" + std::to_string(softcap);
+  if (num_splits > 0) s += " num_splits=" + std::to_string(num_splits);
   if (alibi == Slopes::PerHead) s += " alibi[h]";
   if (alibi == Slopes::PerBatchHead) s += " alibi[b,h]";
   if (sinks) s += want_dsinks ? " sinks" : " sinks(no dsinks)";
@@ -463,6 +464,7 @@ CallStatus run_pass(flashattn_context_t ctx, bool device, Pass pass, const Case&
     o.window_right = c.right;
   }
   o.softcap = c.softcap;
+  o.num_splits = c.num_splits;
 
   flashattn_tensor_t q = place.view(in.q, true), k = place.view(in.k, true),
                      v = place.view(in.v, true);

@@ -46,6 +46,7 @@ struct Case {
   std::vector<int64_t> lq, lk;
   int64_t slack = 0;
   Layout layout = Layout::Contiguous;
+  int32_t num_splits = 0;  // options.num_splits (0: the library chooses)
   uint64_t seed = 1;
 
   bool varlen() const { return !lq.empty(); }

@@ -119,6 +119,7 @@ FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
 %constant int64_t OffsetofOptionsWindowLeft = offsetof(flashattn_options_t, window_left);
 %constant int64_t OffsetofOptionsWindowRight = offsetof(flashattn_options_t, window_right);
 %constant int64_t OffsetofOptionsSoftcap = offsetof(flashattn_options_t, softcap);
+%constant int64_t OffsetofOptionsNumSplits = offsetof(flashattn_options_t, num_splits);
 %constant int64_t SizeofArgs = sizeof(flashattn_args_t);
 %constant int64_t OffsetofArgsOptions = offsetof(flashattn_args_t, options);
 %constant int64_t OffsetofArgsQ = offsetof(flashattn_args_t, q);

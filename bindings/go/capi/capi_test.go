@@ -31,6 +31,7 @@ func TestStructLayout(t *testing.T) {
 		{"offsetof(flashattn_options_t, window_left)", unsafe.Offsetof(options.WindowLeft), uintptr(OffsetofOptionsWindowLeft)},
 		{"offsetof(flashattn_options_t, window_right)", unsafe.Offsetof(options.WindowRight), uintptr(OffsetofOptionsWindowRight)},
 		{"offsetof(flashattn_options_t, softcap)", unsafe.Offsetof(options.Softcap), uintptr(OffsetofOptionsSoftcap)},
+		{"offsetof(flashattn_options_t, num_splits)", unsafe.Offsetof(options.NumSplits), uintptr(OffsetofOptionsNumSplits)},
 		{"sizeof(flashattn_args_t)", unsafe.Sizeof(args), uintptr(SizeofArgs)},
 		{"offsetof(flashattn_args_t, options)", unsafe.Offsetof(args.Options), uintptr(OffsetofArgsOptions)},
 		{"offsetof(flashattn_args_t, q)", unsafe.Offsetof(args.Q), uintptr(OffsetofArgsQ)},

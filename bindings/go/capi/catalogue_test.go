@@ -361,6 +361,12 @@ func (c *call) mutateOptions(field, value string) error {
 		} else {
 			o.SoftmaxScale = f
 		}
+	case "num_splits":
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return fmt.Errorf("options.num_splits: %v", err)
+		}
+		o.NumSplits = v
 	case "causal", "algorithm", "deterministic", "window", "window_left", "window_right":
 		v, err := parseInt32("options."+field, value)
 		if err != nil {

@@ -61,6 +61,7 @@ type Options struct {
 	WindowLeft    int32
 	WindowRight   int32
 	Softcap       float32
+	NumSplits     int64
 }
 
 // Flashattn_options_init fills o with the defaults, Size included. It is what C's

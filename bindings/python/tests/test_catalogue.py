@@ -206,6 +206,8 @@ class Call:
             o.size = int(value) & ((1 << 64) - 1)
         elif field == "softmax_scale":
             o.softmax_scale = _float(value)
+        elif field == "num_splits":
+            o.num_splits = int(value)
         elif field in ("causal", "algorithm", "deterministic", "window", "window_left",
                        "window_right"):
             setattr(o, field, _int32(int(value), "options." + field))

@@ -121,6 +121,9 @@ DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
       break;
     }
   }
+  if (p.num_splits > 0) {  // the caller's count, within the blocks and the merge's limit
+    splits = std::min<int64_t>({p.num_splits, std::max<int64_t>(blocks, 1), decode::kMaxSplits});
+  }
   const int64_t per_split = per_split_of(splits);
   splits = (blocks + per_split - 1) / per_split;
   splits = std::max<int64_t>(1, splits);

@@ -54,7 +54,7 @@ def _needs_autograd(q, k, v, sinks):
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
               sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, return_lse=False, algorithm="flash", deterministic=False,
-              context=None):
+              num_splits=None, context=None):
     """Attention of q over k and v; returns out, or (out, lse) with return_lse=True.
 
     q [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv, head_dim], v
@@ -77,13 +77,15 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         offsets in host memory, required for offsets on a GPU.
     algorithm: "flash" (default) or "standard" (the materialized baseline).
     deterministic: bit-identical backward results run after run.
+    num_splits: None (the library chooses), or the number of parts the CUDA flash forward splits
+        each sequence's keys into where it splits them (few query rows against many keys).
     context: a flashattn.Context to compute with; by default one per thread and device is kept.
     Torch tensors that require grad go through a torch.autograd.Function: loss.backward() runs
     flashattn's backward (the LSE is not differentiable).
     """
     variants = _core.Variants(alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k)
-    opts = (causal, scale, algorithm, deterministic, window, softcap)
+    opts = (causal, scale, algorithm, deterministic, window, softcap, num_splits)
     if _needs_autograd(q, k, v, sinks):
         from . import _autograd
         out, lse = _autograd.attention(q, k, v, variants, opts, context)

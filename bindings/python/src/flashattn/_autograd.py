@@ -31,5 +31,6 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention(q, k, v, variants, options, context):
-    """(out, lse); options is (causal, scale, algorithm, deterministic, window, softcap)."""
+    """(out, lse); options is (causal, scale, algorithm, deterministic, window, softcap,
+    num_splits)."""
     return AttentionFunction.apply(q, k, v, variants.sinks, variants, options, context)

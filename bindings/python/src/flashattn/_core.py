@@ -5,10 +5,10 @@ from ._lib import Error, context_for, low
 _ALGORITHMS = {"flash": low.FLASHATTN_ALGORITHM_FLASH, "standard": low.FLASHATTN_ALGORITHM_STANDARD}
 
 
-def options(causal, scale, algorithm, deterministic, window=None, softcap=None):
+def options(causal, scale, algorithm, deterministic, window=None, softcap=None, num_splits=None):
     """A low-level flashattn_options_t. scale None (or 0) selects 1/sqrt(head_dim); window None is
     no sliding window, else (left, right) with -1 for an unbounded side; softcap None (or 0) is
-    none. The library checks the values."""
+    none; num_splits None (or 0) lets the library choose. The library checks the values."""
     o = low.flashattn_options_t()
     low.flashattn_options_init(o)
     o.softmax_scale = 0.0 if scale is None else float(scale)
@@ -28,6 +28,7 @@ def options(causal, scale, algorithm, deterministic, window=None, softcap=None):
         o.window_left = int(left)
         o.window_right = int(right)
     o.softcap = 0.0 if softcap is None else float(softcap)
+    o.num_splits = 0 if num_splits is None else int(num_splits)
     return o
 
 
@@ -130,7 +131,7 @@ def _describe_variants(variants, first):
 
 
 def forward(q, k, v, causal=False, scale=None, algorithm="flash", deterministic=False, window=None,
-            softcap=None, want_lse=True, context=None, variants=NO_VARIANTS):
+            softcap=None, num_splits=None, want_lse=True, context=None, variants=NO_VARIANTS):
     """(out, lse or None) as arrays of the inputs' kind."""
     aq, ak, av = _arrays.describe_all(("q", "k", "v"), (q, k, v))
     # Rows past a variable-length batch's last offset are not written: they read as 0.
@@ -141,7 +142,7 @@ def forward(q, k, v, causal=False, scale=None, algorithm="flash", deterministic=
            else None)
     a_out = _arrays.describe("out", out)
     a_lse = _arrays.describe("lse", lse) if lse is not None else None
-    opts = options(causal, scale, algorithm, deterministic, window, softcap)
+    opts = options(causal, scale, algorithm, deterministic, window, softcap, num_splits)
     if not variants.any():
         ctx = _context(aq, context)
         low.flashattn_forward(ctx.handle, aq.view(), ak.view(), av.view(), a_out.view(),
@@ -155,7 +156,8 @@ def forward(q, k, v, causal=False, scale=None, algorithm="flash", deterministic=
 
 
 def backward(dout, q, k, v, out, lse, causal=False, scale=None, algorithm="flash",
-             deterministic=False, window=None, softcap=None, context=None, variants=NO_VARIANTS):
+             deterministic=False, window=None, softcap=None, num_splits=None, context=None,
+             variants=NO_VARIANTS):
     """(dq, dk, dv) as arrays of the inputs' kind, and dsinks (float32 [heads_q]) after them when
     variants has sinks."""
     arrays = _arrays.describe_all(("dout", "q", "k", "v", "out", "lse"), (dout, q, k, v, out, lse))
@@ -163,7 +165,7 @@ def backward(dout, q, k, v, out, lse, causal=False, scale=None, algorithm="flash
     packed = variants.cu_seqlens_q is not None  # rows past the last offset read as 0
     grads = [_arrays.empty(a, a.shape, zero=packed) for a in (aq, ak, av)]
     a_dq, a_dk, a_dv = (_arrays.describe(n, g) for n, g in zip(("dq", "dk", "dv"), grads))
-    opts = options(causal, scale, algorithm, deterministic, window, softcap)
+    opts = options(causal, scale, algorithm, deterministic, window, softcap, num_splits)
     if not variants.any():
         ctx = _context(aq, context)
         low.flashattn_backward(ctx.handle, aq.view(), ak.view(), av.view(), a_out.view(),

@@ -291,12 +291,13 @@ pub struct flashattn_options {
     pub window_left: i32,
     pub window_right: i32,
     pub softcap: f32,
+    pub num_splits: i64,
 }
 #[test]
 fn bindgen_test_layout_flashattn_options() {
     assert_eq!(
         ::std::mem::size_of::<flashattn_options>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(flashattn_options))
     );
     assert_eq!(
@@ -457,6 +458,23 @@ fn bindgen_test_layout_flashattn_options() {
         );
     }
     test_field_softcap();
+    fn test_field_num_splits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_splits) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_options),
+                "::",
+                stringify!(num_splits)
+            )
+        );
+    }
+    test_field_num_splits();
 }
 pub type flashattn_options_t = flashattn_options;
 extern "C" {

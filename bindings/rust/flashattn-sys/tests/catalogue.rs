@@ -283,6 +283,9 @@ impl Call {
                     "window" => o.window = int32(value)?,
                     "window_left" => o.window_left = int32(value)?,
                     "window_right" => o.window_right = int32(value)?,
+                    "num_splits" => {
+                        o.num_splits = value.parse::<i64>().map_err(|e| format!("options.num_splits: {e}"))?
+                    }
                     "softcap" => {
                         o.softcap = match value {
                             "nan" => f32::NAN,

@@ -214,6 +214,9 @@ pub struct Options {
     pub window: Option<(i32, i32)>,
     /// A softcap c > 0: each score s becomes `c * tanh(s / c)` before the masks and the softmax.
     pub softcap: Option<f32>,
+    /// The parts the CUDA flash forward splits each sequence's keys into where it splits them
+    /// (few query rows against many keys); `None` lets the library choose.
+    pub num_splits: Option<i64>,
 }
 
 impl Options {
@@ -247,6 +250,11 @@ impl Options {
         self
     }
 
+    pub fn num_splits(mut self, num_splits: i64) -> Self {
+        self.num_splits = Some(num_splits);
+        self
+    }
+
     fn raw(&self) -> Result<sys::flashattn_options_t> {
         let mut o = std::mem::MaybeUninit::<sys::flashattn_options_t>::uninit();
         // SAFETY: given the struct's own size, options_init_sized fills the whole struct on
@@ -269,6 +277,7 @@ impl Options {
             (o.window, o.window_left, o.window_right) = (1, left, right);
         }
         o.softcap = self.softcap.unwrap_or(0.0);
+        o.num_splits = self.num_splits.unwrap_or(0);
         Ok(o)
     }
 }
