@@ -868,6 +868,13 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
           pack_row<E>(Qs + r * dp, q_row, d, dp, qmul);
           pack_row<E>(dO + r * dvp, in_row<E>(a.dout, b, seq.q_begin + i0 + r, h), dv, dvp, 1.0f);
         }
+        // The next query tile's rows arrive while this one's five GEMMs run (the copies above
+        // otherwise wait on memory for most of their time).
+        if (i0 + kBlockQ < end_row) {
+          const int64_t next = std::min<int64_t>(kBlockQ, end_row - i0 - kBlockQ);
+          prefetch_rows<E>(a.q, b, seq.q_begin + i0 + kBlockQ, next, h, d);
+          prefetch_rows<E>(a.dout, b, seq.q_begin + i0 + kBlockQ, next, h, dv);
+        }
         gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
         const Ranges keys = keys_seen(mask, i0, rows, j0, ncols);
