@@ -826,9 +826,9 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* Vt = t.at(pl.t_vt);
   float* dK = t.at(pl.t_dk);
   float* dV = t.at(pl.t_dv);
-  float* Q = t.at(pl.t_q);
-  float* Qs = t.at(pl.t_qs);
-  float* dO = t.at(pl.t_do);
+  const float* q_all = shared_at(ws, pl.q_all);
+  const float* qs_all = shared_at(ws, pl.qs_all);
+  const float* do_all = shared_at(ws, pl.do_all);
   float* P = t.at(pl.t_s);
   float* dS = t.at(pl.t_dp);
   float* dcap = p.softcap > 0.0f ? t.at(pl.t_dcap) : nullptr;
@@ -840,7 +840,6 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* dq_part = shared_at(ws, pl.dq_part) + chunk * chunk_stride + scratch_row(p, seq, hk * G, 0) * dp;
   std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
 
-  const float qmul = p.scale * kLog2e;
   const int64_t kt_begin = chunk * pl.tiles_k / chunks;
   const int64_t kt_end = std::min((chunk + 1) * pl.tiles_k / chunks, ceil_div(seq.len_k, kBlockK));
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
@@ -862,19 +861,9 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
       const int64_t row_base = scratch_row(p, seq, h, 0);
       for (int64_t i0 = first_row / kBlockQ * kBlockQ; i0 < end_row; i0 += kBlockQ) {
         const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
-        for (int r = 0; r < rows; ++r) {
-          const typename E::T* q_row = in_row<E>(a.q, b, seq.q_begin + i0 + r, h);
-          pack_row<E>(Q + r * dp, q_row, d, dp, 1.0f);
-          pack_row<E>(Qs + r * dp, q_row, d, dp, qmul);
-          pack_row<E>(dO + r * dvp, in_row<E>(a.dout, b, seq.q_begin + i0 + r, h), dv, dvp, 1.0f);
-        }
-        // The next query tile's rows arrive while this one's five GEMMs run (the copies above
-        // otherwise wait on memory for most of their time).
-        if (i0 + kBlockQ < end_row) {
-          const int64_t next = std::min<int64_t>(kBlockQ, end_row - i0 - kBlockQ);
-          prefetch_rows<E>(a.q, b, seq.q_begin + i0 + kBlockQ, next, h, d);
-          prefetch_rows<E>(a.dout, b, seq.q_begin + i0 + kBlockQ, next, h, dv);
-        }
+        const float* Q = q_all + (row_base + i0) * dp;
+        const float* Qs = qs_all + (row_base + i0) * dp;
+        const float* dO = do_all + (row_base + i0) * dvp;
         gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
         const Ranges keys = keys_seen(mask, i0, rows, j0, ncols);
@@ -896,6 +885,27 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
       store_row<E>(out_row<E>(a.dk, b, seq.k_begin + j0 + j, hk), dK + j * dp, d, p.scale);
       store_row<E>(out_row<E>(a.dv, b, seq.k_begin + j0 + j, hk), dV + j * dvp, dv, 1.0f);
     }
+  }
+}
+
+// Q, Q in log2 units and dO of one query tile, packed for flash_backward_item.
+template <class E>
+void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+  const Problem& p = a.problem;
+  const QTileItem it = q_tile_item(p, a.variants, pl, item);
+  const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0);
+  float* q = shared_at(ws, pl.q_all) + row0 * dp;
+  float* qs = shared_at(ws, pl.qs_all) + row0 * dp;
+  float* g = shared_at(ws, pl.do_all) + row0 * dvp;
+  const float qmul = p.scale * kLog2e;
+  for (int r = 0; r < it.rows; ++r) {
+    const int64_t i = it.seq.q_begin + it.i0 + r;
+    const typename E::T* q_row = in_row<E>(a.q, it.b, i, it.h);
+    pack_row<E>(q + r * dp, q_row, d, dp, 1.0f);
+    pack_row<E>(qs + r * dp, q_row, d, dp, qmul);
+    pack_row<E>(g + r * dvp, in_row<E>(a.dout, it.b, i, it.h), dv, dvp, 1.0f);
   }
 }
 
@@ -1027,6 +1037,7 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
   pool.parallel_for(q_items, [&](int64_t item, int) { row_stats_item<E>(a, pl, ws, item); });
   if (a.dsinks.data != nullptr) sink_gradients(a, pl, ws);
   if (p.algorithm == Algorithm::Flash) {
+    pool.parallel_for(q_items, [&](int64_t item, int) { flash_pack_q_item<E>(a, pl, ws, item); });
     pool.parallel_for(p.batch * p.heads_kv * pl.key_chunks, [&](int64_t item, int worker) {
       flash_backward_item<E>(a, pl, ws, item, worker);
     });

@@ -112,14 +112,16 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     chunks = std::min<int64_t>(chunks, std::max<int64_t>(1, kMaxPartialBytes / part));
     plan.key_chunks = std::max<int64_t>(1, chunks);
     plan.dq_part = shared.take(sz.mul({plan.key_chunks, rows, dp, f}, "partial dQ"), "dQ");
+    // Q, scaled Q and dO packed once: every key tile of an item reads each query tile again,
+    // and reading the packed rows waits far less than converting strided input rows each time.
+    plan.q_all = shared.take(sz.mul({rows, dp, f}, "Q"), "Q");
+    plan.qs_all = shared.take(sz.mul({rows, dp, f}, "scaled Q"), "scaled Q");
+    plan.do_all = shared.take(sz.mul({rows, dvp, f}, "dO"), "dO");
     plan.t_kt = thread.take(k_tile, "K^T tile");
     plan.t_k = thread.take(k_tile, "K tile");
     plan.t_vt = thread.take(v_tile, "V^T tile");
     plan.t_dk = thread.take(k_tile, "dK tile");
     plan.t_dv = thread.take(v_tile, "dV tile");
-    plan.t_q = thread.take(q_tile, "Q tile");
-    plan.t_qs = thread.take(q_tile, "scaled Q tile");
-    plan.t_do = thread.take(do_tile, "dO tile");
     plan.t_s = thread.take(s_tile, "P tile");
     plan.t_dp = thread.take(s_tile, "dS tile");
     if (softcap) plan.t_dcap = thread.take(s_tile, "softcap derivative tile");

@@ -40,8 +40,9 @@ struct Plan {
   size_t lse2_lo = 0;  // backward: [rows] what that rounding lost
   size_t delta = 0;    // backward: [rows] rowsum(dO * O)
   size_t dq_part = 0;  // flash backward: [chunks, rows, dp] partial dQ
-  size_t q_all = 0;    // standard backward: [rows, dp]
-  size_t do_all = 0;   // standard backward: [rows, dvp]
+  size_t q_all = 0;    // backward: [rows, dp]
+  size_t qs_all = 0;   // flash backward: [rows, dp] Q in log2 units (times scale * log2(e))
+  size_t do_all = 0;   // backward: [rows, dvp]
   size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
   size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
   size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dvp]
@@ -50,7 +51,7 @@ struct Plan {
   size_t ds_all = 0;   // standard backward: [rows, nk_pad] dP, then dS
 
   // Per-thread regions (fp32), offsets inside one thread's area.
-  size_t t_q = 0, t_qs = 0, t_do = 0, t_o = 0, t_s = 0, t_dp = 0;
+  size_t t_q = 0, t_o = 0, t_s = 0, t_dp = 0;
   size_t t_kt = 0, t_k = 0, t_v = 0, t_vt = 0, t_dk = 0, t_dv = 0, t_m = 0, t_l = 0;
   size_t t_dcap = 0;  // backward with a softcap: its derivative, a P tile (flash) or row (standard)
 
