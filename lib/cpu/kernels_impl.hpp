@@ -805,7 +805,8 @@ inline void ds_row(const float* p, float* dp, const float* dcap, int64_t n, floa
 // partials in chunk order. Chunks depend on the problem only, so no result depends on the
 // thread count or on which thread ran what. (Recomputing dQ in a second pass over query tiles
 // would need no partial buffers but two more GEMMs per tile pair: 40% more work.) Only the query
-// tiles that see a key tile are visited.
+// tiles that see a key tile are visited. Q, Q in log2 units and dO come packed from a first pass
+// (flash_pack_q_item): each item reads every query tile once per key tile.
 
 template <class E>
 void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
