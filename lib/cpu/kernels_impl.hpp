@@ -806,11 +806,13 @@ inline void ds_row(const float* p, float* dp, const float* dcap, int64_t n, floa
 // thread count or on which thread ran what. (Recomputing dQ in a second pass over query tiles
 // would need no partial buffers but two more GEMMs per tile pair: 40% more work.) Only the query
 // tiles that see a key tile are visited. Q, Q in log2 units and dO come packed from a first pass
-// (flash_pack_q_item): each item reads every query tile once per key tile.
+// (flash_pack_q_item): each item reads every query tile once per key tile. The groups run in
+// slices (Plan::slice_groups); the packed rows and partial dQ are those of the current slice,
+// whose first row is slice_row0.
 
 template <class E>
 void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
-                         int worker) {
+                         int worker, int64_t slice_row0) {
   const Problem& p = a.problem;
   const int64_t chunks = pl.key_chunks;
   const int64_t chunk = item % chunks, bhk = item / chunks;
@@ -837,8 +839,9 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   const float* lse2_lo_all = shared_at(ws, pl.lse2_lo);
   const float* delta_all = shared_at(ws, pl.delta);
   // This chunk's partial dQ for the group's query heads: [G, Nq, dp], contiguous.
-  const int64_t chunk_stride = p.heads_q * p.total_q * dp;
-  float* dq_part = shared_at(ws, pl.dq_part) + chunk * chunk_stride + scratch_row(p, seq, hk * G, 0) * dp;
+  const int64_t chunk_stride = pl.slice_rows * dp;
+  float* dq_part = shared_at(ws, pl.dq_part) + chunk * chunk_stride +
+                   (scratch_row(p, seq, hk * G, 0) - slice_row0) * dp;
   std::fill(dq_part, dq_part + G * Nq * dp, 0.0f);
 
   const int64_t kt_begin = chunk * pl.tiles_k / chunks;
@@ -862,9 +865,10 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
       const int64_t row_base = scratch_row(p, seq, h, 0);
       for (int64_t i0 = first_row / kBlockQ * kBlockQ; i0 < end_row; i0 += kBlockQ) {
         const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
-        const float* Q = q_all + (row_base + i0) * dp;
-        const float* Qs = qs_all + (row_base + i0) * dp;
-        const float* dO = do_all + (row_base + i0) * dvp;
+        const int64_t packed = row_base - slice_row0 + i0;
+        const float* Q = q_all + packed * dp;
+        const float* Qs = qs_all + packed * dp;
+        const float* dO = do_all + packed * dvp;
         gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
         gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
         const Ranges keys = keys_seen(mask, i0, rows, j0, ncols);
@@ -891,12 +895,13 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
 
 // Q, Q in log2 units and dO of one query tile, packed for flash_backward_item.
 template <class E>
-void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
+                       int64_t slice_row0) {
   const Problem& p = a.problem;
   const QTileItem it = q_tile_item(p, a.variants, pl, item);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
-  const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0);
+  const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0) - slice_row0;
   float* q = shared_at(ws, pl.q_all) + row0 * dp;
   float* qs = shared_at(ws, pl.qs_all) + row0 * dp;
   float* g = shared_at(ws, pl.do_all) + row0 * dvp;
@@ -911,13 +916,15 @@ void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
 }
 
 template <class E>
-void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item) {
+void flash_dq_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
+                   int64_t slice_row0) {
   const Problem& p = a.problem;
   const QTileItem it = q_tile_item(p, a.variants, pl, item);
   const int d = static_cast<int>(p.head_dim);
   const int64_t dp = pl.dp;
-  const int64_t chunk_stride = p.heads_q * p.total_q * dp;
-  const float* part = shared_at(ws, pl.dq_part) + scratch_row(p, it.seq, it.h, it.i0) * dp;
+  const int64_t chunk_stride = pl.slice_rows * dp;
+  const float* part =
+      shared_at(ws, pl.dq_part) + (scratch_row(p, it.seq, it.h, it.i0) - slice_row0) * dp;
   float acc[256];  // head_dim <= 256
   for (int r = 0; r < it.rows; ++r) {
     const float* row = part + r * dp;
@@ -1038,11 +1045,25 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
   pool.parallel_for(q_items, [&](int64_t item, int) { row_stats_item<E>(a, pl, ws, item); });
   if (a.dsinks.data != nullptr) sink_gradients(a, pl, ws);
   if (p.algorithm == Algorithm::Flash) {
-    pool.parallel_for(q_items, [&](int64_t item, int) { flash_pack_q_item<E>(a, pl, ws, item); });
-    pool.parallel_for(p.batch * p.heads_kv * pl.key_chunks, [&](int64_t item, int worker) {
-      flash_backward_item<E>(a, pl, ws, item, worker);
-    });
-    pool.parallel_for(q_items, [&](int64_t item, int) { flash_dq_item<E>(a, pl, ws, item); });
+    // Slice by slice: group g holds the query heads g * G .. g * G + G - 1 of its batch entry,
+    // so a slice's query-tile items, key-chunk items and rows are each one contiguous range.
+    const int64_t groups = p.batch * p.heads_kv, G = p.group_size();
+    const int64_t q_per_group = G * pl.tiles_q;
+    for (int64_t g0 = 0; g0 < groups; g0 += pl.slice_groups) {
+      const int64_t g1 = std::min(groups, g0 + pl.slice_groups);
+      const Seq first = seq_of(p, a.variants, g0 / p.heads_kv);
+      const int64_t row0 = scratch_row(p, first, g0 % p.heads_kv * G, 0);
+      const int64_t qi0 = g0 * q_per_group, qn = (g1 - g0) * q_per_group;
+      pool.parallel_for(qn, [&](int64_t item, int) {
+        flash_pack_q_item<E>(a, pl, ws, qi0 + item, row0);
+      });
+      pool.parallel_for((g1 - g0) * pl.key_chunks, [&](int64_t item, int worker) {
+        flash_backward_item<E>(a, pl, ws, g0 * pl.key_chunks + item, worker, row0);
+      });
+      pool.parallel_for(qn, [&](int64_t item, int) {
+        flash_dq_item<E>(a, pl, ws, qi0 + item, row0);
+      });
+    }
     return;
   }
   float* k_all = shared_at(ws, pl.k_all);

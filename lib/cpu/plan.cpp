@@ -9,7 +9,9 @@ namespace cpu {
 namespace {
 
 constexpr size_t kAlign = 256;  // every region starts on its own cache lines
-constexpr size_t kMaxPartialBytes = size_t(512) << 20;  // flash backward: cap on extra dQ chunks
+// Flash backward: what a slice of (batch, KV head) groups may hold in packed rows and partial
+// dQ (more than one group's worth only where it fits).
+constexpr size_t kMaxSliceBytes = size_t(256) << 20;
 
 [[noreturn]] void too_big(const Problem& p, const char* what) {
   fail(FLASHATTN_ERROR_OUT_OF_MEMORY,
@@ -106,17 +108,26 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.lse2 = shared.take(stats, "LSE");
     plan.lse2_lo = shared.take(stats, "LSE");
     plan.delta = shared.take(stats, "delta");
-    const size_t part = sz.mul({rows, dp, f}, "dQ");
+    // Slices of groups: as many as kMaxSliceBytes holds at the most key chunks, at least one;
+    // then the key chunks, enough for kMinBackwardItems items per slice.
+    const int64_t groups = B * Hkv;
+    const int64_t group_rows = sz.mul({p.group_size(), p.seqlen_q}, "a group's rows");
+    const size_t group_bytes =
+        sz.mul({group_rows, 2 * dp + dvp + kMaxKeyChunks * dp, f}, "a group's packed rows");
+    plan.slice_groups = std::max<int64_t>(
+        1, std::min<int64_t>(groups, static_cast<int64_t>(kMaxSliceBytes / std::max<size_t>(group_bytes, 1))));
+    plan.slice_rows = static_cast<int64_t>(sz.mul({plan.slice_groups, group_rows}, "a slice's rows"));
     int64_t chunks = std::min<int64_t>(plan.tiles_k, kMaxKeyChunks);
-    chunks = std::min<int64_t>(chunks, ceil_div(kMinBackwardItems, B * Hkv));
-    chunks = std::min<int64_t>(chunks, std::max<int64_t>(1, kMaxPartialBytes / part));
+    chunks = std::min<int64_t>(chunks, ceil_div(kMinBackwardItems, plan.slice_groups));
     plan.key_chunks = std::max<int64_t>(1, chunks);
-    plan.dq_part = shared.take(sz.mul({plan.key_chunks, rows, dp, f}, "partial dQ"), "dQ");
-    // Q, scaled Q and dO packed once: every key tile of an item reads each query tile again,
-    // and reading the packed rows waits far less than converting strided input rows each time.
-    plan.q_all = shared.take(sz.mul({rows, dp, f}, "Q"), "Q");
-    plan.qs_all = shared.take(sz.mul({rows, dp, f}, "scaled Q"), "scaled Q");
-    plan.do_all = shared.take(sz.mul({rows, dvp, f}, "dO"), "dO");
+    const int64_t srows = plan.slice_rows;
+    plan.dq_part = shared.take(sz.mul({plan.key_chunks, srows, dp, f}, "partial dQ"), "dQ");
+    // Q, scaled Q and dO packed once per slice: every key tile of an item reads each query tile
+    // again, and reading the packed rows waits far less than converting strided input rows
+    // each time.
+    plan.q_all = shared.take(sz.mul({srows, dp, f}, "Q"), "Q");
+    plan.qs_all = shared.take(sz.mul({srows, dp, f}, "scaled Q"), "scaled Q");
+    plan.do_all = shared.take(sz.mul({srows, dvp, f}, "dO"), "dO");
     plan.t_kt = thread.take(k_tile, "K^T tile");
     plan.t_k = thread.take(k_tile, "K tile");
     plan.t_vt = thread.take(v_tile, "V^T tile");

@@ -32,6 +32,12 @@ struct Plan {
   int64_t tiles_q = 0;      // ceil(seqlen_q / kBlockQ)
   int64_t tiles_k = 0;      // ceil(seqlen_k / kBlockK)
   int64_t key_chunks = 1;   // flash backward: key tiles are split into this many chunks
+  // Flash backward: the (batch, KV head) groups run in slices of slice_groups groups, each
+  // slice's packed Q, scaled Q, dO and partial dQ in regions of slice_rows rows (a bound: the
+  // groups' heads times the longest sequence), so that the workspace does not grow with
+  // batch x heads.
+  int64_t slice_groups = 1;
+  int64_t slice_rows = 0;
   int64_t query_group = 1;  // flash forward: query tiles per work item (at most kMaxQueryGroup)
 
   // Shared regions (fp32). "Rows" are the Hq * total_q query rows of the batch, in the order
@@ -39,10 +45,10 @@ struct Plan {
   size_t lse2 = 0;     // backward: [rows] LSE in log2 units, rounded to float
   size_t lse2_lo = 0;  // backward: [rows] what that rounding lost
   size_t delta = 0;    // backward: [rows] rowsum(dO * O)
-  size_t dq_part = 0;  // flash backward: [chunks, rows, dp] partial dQ
-  size_t q_all = 0;    // backward: [rows, dp]
-  size_t qs_all = 0;   // flash backward: [rows, dp] Q in log2 units (times scale * log2(e))
-  size_t do_all = 0;   // backward: [rows, dvp]
+  size_t dq_part = 0;  // flash backward: [chunks, slice_rows, dp] partial dQ of one slice
+  size_t q_all = 0;    // backward: [rows, dp] (flash: [slice_rows, dp], one slice's)
+  size_t qs_all = 0;   // flash backward: [slice_rows, dp] Q in log2 units (times scale * log2(e))
+  size_t do_all = 0;   // backward: [rows, dvp] (flash: [slice_rows, dvp])
   size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
   size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
   size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dvp]
