@@ -48,8 +48,9 @@ def sweep_curves(records, mode):
 
 def decode_label(case):
     queries = case.get("Nq", 1)
+    causal = " causal" if case.get("causal") else ""
     return (f"B{case['B']}, {seqlen_label(case['Nk'])} keys"
-            + ("" if queries == 1 else f",\n{queries} queries"))
+            + ("" if queries == 1 else f",\n{queries} queries{causal}"))
 
 
 def cudnn_version(number):
@@ -139,9 +140,11 @@ def plot_run(peers_path, decode_path, out):
             draw_sweep(plt, data, mode, title.capitalize(), os.path.join(out, name))
             written.append(name)
     decode = data.get("decode")
-    if decode is None and decode_path and os.path.exists(decode_path):
+    if not decode and decode_path and os.path.exists(decode_path):
         with open(decode_path) as f:
             decode = json.load(f)
+        if isinstance(decode, dict):  # compare_sdpa.py --decode --out: the cases are one key
+            decode = decode.get("decode")
     if decode:
         # The decode cases come from a script of their own: only the run's setup is theirs too.
         draw_decode(plt, decode, run_caption(data, with_time=False), os.path.join(out, "decode.png"))

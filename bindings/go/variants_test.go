@@ -428,6 +428,7 @@ func TestBadVariantValuesAreRefused(t *testing.T) {
 		{&Options{Softcap: -1}, nil, d, ErrInvalidArgument, "options: softcap is -1, must be 0 (none) or a finite cap > 0"},
 		{&Options{Softcap: float32(math.NaN())}, nil, d, ErrInvalidArgument, "options: softcap is nan"},
 		{&Options{Softcap: float32(math.Inf(1))}, nil, d, ErrInvalidArgument, "options: softcap is inf"},
+		{&Options{NumSplits: -1}, nil, d, ErrInvalidArgument, "options: num_splits is -1, must be 0 (the library chooses) or a number of parts > 0"},
 		{nil, &Variants{AlibiSlopes: []float32{1, 2, 3}}, d, ErrInvalidShape, "alibi_slopes: shape [3], expected [heads_q] = [4] or [batch, heads_q] = [2, 4]"},
 		{nil, &Variants{Sinks: []float32{1, 2}}, d, ErrInvalidShape, "sinks: shape [2], expected [heads_q] = [4]"},
 		{nil, &Variants{CuSeqlensQ: []int32{0, 8, 16}}, d.packedDims(16, 16), ErrInvalidArgument, "cu_seqlens_k is NULL but cu_seqlens_q is given"},

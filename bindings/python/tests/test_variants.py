@@ -194,6 +194,16 @@ def test_bad_window_and_softcap_are_refused():
         raises("", "", window=4)
 
 
+def test_num_splits_reaches_the_library():
+    e = raises("FLASHATTN_ERROR_INVALID_ARGUMENT",
+               "options: num_splits is -1, must be 0 (the library chooses)", num_splits=-1)
+    assert e.message.startswith("flashattn_forward: ")
+    # A count the CPU backend has no use for changes nothing there.
+    q, k, v, _ = inputs(2, 8, 8, 4, 2, 16)
+    np.testing.assert_array_equal(flashattn.attention(q, k, v, num_splits=5),
+                                  flashattn.attention(q, k, v))
+
+
 def test_bad_slopes_and_sinks_are_refused():
     e = raises("FLASHATTN_ERROR_INVALID_SHAPE", "alibi_slopes: shape [3], expected [heads_q] = [4]",
                alibi_slopes=np.zeros(3, np.float32))

@@ -388,6 +388,7 @@ fn bad_variant_values_are_refused() {
     refused(&none, &Options::default().softcap(-1.0), Status::INVALID_ARGUMENT, "options: softcap is -1, must be 0 (none) or a finite cap > 0");
     refused(&none, &Options::default().softcap(f32::NAN), Status::INVALID_ARGUMENT, "options: softcap is nan");
     refused(&none, &Options::default().softcap(f32::INFINITY), Status::INVALID_ARGUMENT, "options: softcap is inf");
+    refused(&none, &Options::default().num_splits(-1), Status::INVALID_ARGUMENT, "options: num_splits is -1, must be 0 (the library chooses) or a number of parts > 0");
     let three = [1f32, 2.0, 3.0];
     let bad_slopes = View::new(&three, &[3]).unwrap();
     refused(&Variants { alibi_slopes: Some(&bad_slopes), ..none }, &Options::default(), Status::INVALID_SHAPE, "alibi_slopes: shape [3], expected [heads_q] = [4] or [batch, heads_q] = [2, 4]");
