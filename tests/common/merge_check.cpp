@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "common/reference.hpp"
 #include "common/tolerance.hpp"
@@ -38,6 +39,22 @@ std::string MergeSplitCase::name() const {
   if (in_place) s += " in place";
   if (!with_lse) s += " no lse";
   return s;
+}
+
+MergeSplitCase split(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq,
+                     int64_t hkv, int64_t d, bool causal, std::vector<int64_t> bounds) {
+  MergeSplitCase c;
+  c.dtype = dtype;
+  c.batch = b;
+  c.seqlen_q = nq;
+  c.seqlen_k = nk;
+  c.heads_q = hq;
+  c.heads_kv = hkv;
+  c.head_dim = d;
+  c.causal = causal;
+  c.bounds = std::move(bounds);
+  c.seed = static_cast<uint64_t>(nq * 31 + nk * 7 + d + static_cast<int>(dtype) * 100);
+  return c;
 }
 
 flashattn_options_t part_options(const MergeSplitCase& c, int64_t end) {

@@ -57,6 +57,11 @@ struct MergeSplitCase {
   std::string name() const;
 };
 
+// A case of these sizes split at `bounds`, its seed from the sizes (the CPU and GPU suites share
+// their cases' inputs so).
+MergeSplitCase split(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq,
+                     int64_t hkv, int64_t d, bool causal, std::vector<int64_t> bounds);
+
 // Runs the case and CHECKs the rule for out and LSE, no NaN, and rows that see no key of any part
 // exactly 0 / -inf.
 void check_merge_split(const MergeSplitCase& c, MergeMemory& memory);

@@ -24,22 +24,6 @@ constexpr flashattn_dtype_t BF16 = FLASHATTN_DTYPE_BFLOAT16;
 const flashattn_dtype_t kDtypes[] = {F32, F16, BF16};
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-MergeSplitCase split(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq,
-                     int64_t hkv, int64_t d, bool causal, std::vector<int64_t> bounds) {
-  MergeSplitCase c;
-  c.dtype = dtype;
-  c.batch = b;
-  c.seqlen_q = nq;
-  c.seqlen_k = nk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  c.causal = causal;
-  c.bounds = std::move(bounds);
-  c.seed = static_cast<uint64_t>(nq * 31 + nk * 7 + d + static_cast<int>(dtype) * 100);
-  return c;
-}
-
 void run(const MergeSplitCase& c, int threads = 2) {
   CpuContext ctx(threads);
   HostMergeMemory memory(ctx.get());

@@ -15,6 +15,7 @@ namespace {
 
 using flashattn_test::HostTensor;
 using flashattn_test::MergeSplitCase;
+using flashattn_test::split;
 
 constexpr flashattn_dtype_t F16 = FLASHATTN_DTYPE_FLOAT16;
 constexpr flashattn_dtype_t BF16 = FLASHATTN_DTYPE_BFLOAT16;
@@ -29,22 +30,6 @@ class DeviceMergeMemory : public flashattn_test::MergeMemory {
  private:
   gpu_test::DeviceSet set_;
 };
-
-MergeSplitCase split(flashattn_dtype_t dtype, int64_t b, int64_t nq, int64_t nk, int64_t hq,
-                     int64_t hkv, int64_t d, bool causal, std::vector<int64_t> bounds) {
-  MergeSplitCase c;
-  c.dtype = dtype;
-  c.batch = b;
-  c.seqlen_q = nq;
-  c.seqlen_k = nk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  c.causal = causal;
-  c.bounds = std::move(bounds);
-  c.seed = static_cast<uint64_t>(nq * 31 + nk * 7 + d + static_cast<int>(dtype) * 100);
-  return c;
-}
 
 // The flash forward where it takes the whole problem's shape (the parts' are alike), else the
 // standard one (a failure with FLASHATTN_REQUIRE_FLASH=1).
