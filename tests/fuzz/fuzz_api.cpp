@@ -913,19 +913,33 @@ class Harness {
     if (offset + sizeof(T) <= options_.n) std::memcpy(options_.p.get() + offset, &value, sizeof(T));
   }
 
+  static bool ends_at_field(size_t size) {
+#define FUZZ_FIELD_END(field) (offsetof(flashattn_options_t, field) + sizeof(flashattn_options_t::field))
+    static const size_t kEnds[] = {
+        FUZZ_FIELD_END(softmax_scale), FUZZ_FIELD_END(causal),      FUZZ_FIELD_END(algorithm),
+        FUZZ_FIELD_END(deterministic), FUZZ_FIELD_END(window),      FUZZ_FIELD_END(window_left),
+        FUZZ_FIELD_END(window_right),  FUZZ_FIELD_END(softcap),     FUZZ_FIELD_END(num_splits)};
+#undef FUZZ_FIELD_END
+    for (const size_t end : kEnds) {
+      if (size == end) return true;
+    }
+    return false;
+  }
+
   // What the library must make of the options block, where the harness can tell: sizes that cut
   // a field in two are left unjudged.
   void classify_options() {
     ++options_gen_;
     const size_t size = options_size_;
-    // Every field after `size` is 4 bytes: a size at a field's end is one of 8 + 4k.
+    // A size the library can judge ends at a field's end, or covers the whole struct.
     options_known_ = size >= 8 && size <= 4096 &&
-                     (size >= sizeof(flashattn_options_t) || size % 4 == 0);
+                     (size >= sizeof(flashattn_options_t) || ends_at_field(size));
     if (!options_known_) return;
     bool valid = true;
     for (size_t i = sizeof(flashattn_options_t); i < options_.n; ++i) valid = valid && options_.p[i] == 0;
     float scale = 0.0f, softcap = 0.0f;
     int32_t causal = 0, algorithm = 0, deterministic = 0, window = 0, left = 0, right = 0;
+    int64_t num_splits = 0;
     const unsigned char* o = options_.p.get();
     const auto read = [&](size_t offset, auto* value) {
       if (size >= offset + sizeof(*value)) std::memcpy(value, o + offset, sizeof(*value));
@@ -938,12 +952,13 @@ class Harness {
     read(offsetof(flashattn_options_t, window_left), &left);
     read(offsetof(flashattn_options_t, window_right), &right);
     read(offsetof(flashattn_options_t, softcap), &softcap);
+    read(offsetof(flashattn_options_t, num_splits), &num_splits);
     const bool window_ok = (window == 0 && left == 0 && right == 0) ||
                            (window == 1 && left >= -1 && right >= -1);
     valid = valid && std::isfinite(scale) && std::fabs(scale) <= FLASHATTN_MAX_SOFTMAX_SCALE &&
             (causal == 0 || causal == 1) &&
             (algorithm == 0 || algorithm == 1) && (deterministic == 0 || deterministic == 1) &&
-            window_ok && std::isfinite(softcap) && softcap >= 0.0f;
+            window_ok && std::isfinite(softcap) && softcap >= 0.0f && num_splits >= 0;
     options_valid_ = valid;
     options_deterministic_ = deterministic == 1;
   }
@@ -965,6 +980,14 @@ class Harness {
       default: size = sizeof(flashattn_options_t); break;
     }
     reset_options(size);
+    if (mode % 8 == 7) {  // the split count: the library's choice, a few parts, refused, huge
+      static const int64_t kSplits[] = {0, 1, 2, 7, 128, 129, -1, int64_t(1) << 40,
+                                        std::numeric_limits<int64_t>::min()};
+      const uint8_t sel = in_.u8();
+      put_option(offsetof(flashattn_options_t, num_splits),
+                 sel < 200 ? kSplits[sel % (sizeof(kSplits) / sizeof(kSplits[0]))]
+                           : static_cast<int64_t>(in_.u64()));
+    }
     const uint8_t fields = in_.u8();
     if (fields & 1) {
       // Ordinary, tiny, the largest accepted (both signs), refused and non-finite scales.
