@@ -98,7 +98,7 @@ typedef enum flashattn_dtype {
   FLASHATTN_DTYPE_FLOAT16 = 2,  /* IEEE binary16 */
   FLASHATTN_DTYPE_BFLOAT16 = 3, /* bfloat16: the upper 16 bits of a binary32 */
   /* Integer types start at 16 (4 to 15 are kept for floating-point types). */
-  FLASHATTN_DTYPE_INT32 = 16    /* int32: sequence offsets (cu_seqlens_q, cu_seqlens_k) only */
+  FLASHATTN_DTYPE_INT32 = 16    /* int32: sequence offsets and lengths, block tables only */
 } flashattn_dtype_t;
 
 typedef enum flashattn_backend {
@@ -519,7 +519,37 @@ FLASHATTN_API flashattn_status_t flashattn_backward(flashattn_context_t ctx,
  * the total, so that a CUDA launch needs no look at the offsets (the kernels read them on the
  * device: such calls may be captured in a CUDA graph). A CPU context checks the offsets against
  * these rules (FLASHATTN_ERROR_INVALID_SHAPE, nothing written); a CUDA context cannot without
- * reading device memory, and bad offsets there make the results undefined. */
+ * reading device memory, and bad offsets there make the results undefined.
+ *
+ * KV cache (forward only): with cache_seqlens, k and v are a cache that sequence b fills from
+ * its start, holding cache_seqlens[b] tokens before the call. The cache is contiguous, k of
+ * shape [B, capacity, Hkv, d] and v [B, capacity, Hkv, dv], or, with block_table, paged: k of
+ * shape [num_pages, page_size, Hkv, d], v [num_pages, page_size, Hkv, dv], any page_size >= 1,
+ * and token t of sequence b in page block_table[b, t / page_size] at row t % page_size (capacity
+ * = page_size * the table's pages per sequence). Pages may be shared by sequences that read
+ * them, and only the entries of the pages a sequence uses are read (the rest may hold anything).
+ * With k_new and v_new ([B, N_new, Hkv, d] and [B, N_new, Hkv, dv]), the call first writes them
+ * into the cache as tokens cache_seqlens[b] .. cache_seqlens[b] + N_new - 1 of each sequence
+ * (k and v are then written as well as read: they must share no byte with any other view), and
+ * attends over all of them: sequence b has len_k = cache_seqlens[b] + N_new keys (at most
+ * capacity), its queries are q's N_q rows, and every mask is aligned as elsewhere (diag = len_k
+ * - N_q: the queries are the last tokens). cache_seqlens itself is not updated. A token written
+ * by one sequence must not be read or written by another in the same call (undefined results).
+ * With rotary_cos and rotary_sin ([positions, R / 2], float32 or q's dtype, R even, <= d), the
+ * first R features of q and of k_new are rotated before use, in fp32 and rounded to their dtype:
+ * query i of sequence b at position len_k - N_q + i, new token i at cache_seqlens[b] + i (a
+ * cached token is taken as already rotated). A pair (x, y) at position t and index r < R / 2
+ * becomes (x cos - y sin, x sin + y cos), cos = rotary_cos[t, r], sin = rotary_sin[t, r]; the
+ * pair is (2r, 2r + 1) with rotary_interleaved = 1 (GPT-J's layout), (r, r + R / 2) with 0
+ * (GPT-NeoX's, the default). q is read, never written: its rotated copy lives in the workspace.
+ * A CPU context checks the lengths (0 <= cache_seqlens[b], len_k <= capacity), the table
+ * entries a sequence uses (in [0, num_pages)), the rotary positions (0 <= len_k - N_q whenever
+ * rotary is given, every position below the table's rows) and that no two sequences append into
+ * one page row (FLASHATTN_ERROR_INVALID_SHAPE, nothing written); a CUDA context cannot without
+ * reading device memory, and values that break these rules make the results undefined (reads
+ * and writes may land outside the cache). The lengths live on the device there, and the launch
+ * depends on shapes only: a decode step may be captured in a CUDA graph and replayed with new
+ * lengths. The cache takes no cu_seqlens_q, cu_seqlens_k or max lengths. */
 
 typedef struct flashattn_args {
   size_t size;                        /* sizeof(flashattn_args_t) as the caller compiled it */
@@ -549,11 +579,22 @@ typedef struct flashattn_args {
                                          sequence (an upper bound); 0 otherwise */
   int64_t max_seqlen_k;               /* variable-length batches: the largest key count; 0
                                          otherwise */
+  /* Added with the KV cache (see "KV cache" above; forward only). */
+  const flashattn_tensor_t *cache_seqlens; /* read; NULL: no cache. INT32 [B]: the tokens each
+                                         sequence holds in k and v before the call */
+  const flashattn_tensor_t *block_table; /* read; NULL: a contiguous cache. INT32 [B, pages per
+                                         sequence]: the page of k and v holding each block of
+                                         page_size tokens of a sequence */
+  const flashattn_tensor_t *k_new;    /* read; NULL: nothing appended. [B, N_new, Hkv, d] */
+  const flashattn_tensor_t *v_new;    /* read; with k_new. [B, N_new, Hkv, dv] */
+  const flashattn_tensor_t *rotary_cos; /* read; NULL: no rotary embedding. [positions, R / 2] */
+  const flashattn_tensor_t *rotary_sin; /* read; with rotary_cos, of its shape and dtype */
+  int64_t rotary_interleaved;         /* 0 (default): pairs (r, r + R / 2); 1: pairs (2r, 2r + 1) */
 } flashattn_args_t;
 
 #define FLASHATTN_ARGS_INIT                                                                   \
   { sizeof(flashattn_args_t), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-    NULL, NULL, NULL, NULL, 0, 0 }
+    NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0 }
 
 /* Fills the first `size` bytes of *out with the defaults (what FLASHATTN_ARGS_INIT gives: every
  * pointer NULL, every length 0) and sets out->size = size; `size` is handled as by

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -36,6 +37,13 @@ const ViewKind kLse2 = {2, {"heads", "total_tokens"},
 const ViewKind kPerHead = {1, {"heads"}, "[heads_q]", false};
 const ViewKind kPerBatchHead = {2, {"batch", "heads"}, "[batch, heads_q]", false};
 const ViewKind kOffsets = {1, {"batch + 1"}, "[batch + 1]", false};
+const ViewKind kPages = {4, {"num_pages", "page_size", "heads", "head_dim"},
+                         "[num_pages, page_size, heads, head_dim] of a paged KV cache", true};
+const ViewKind kCacheLengths = {1, {"batch"}, "[batch]", false};
+const ViewKind kBlockTable = {2, {"batch", "pages per sequence"},
+                              "[batch, pages per sequence]", false};
+const ViewKind kRotaryTable = {2, {"positions", "rotary_dim / 2"},
+                               "[positions, rotary_dim / 2]", false};
 
 std::string shape_string(const flashattn_tensor_t* t) {
   std::string s = "[";
@@ -389,6 +397,13 @@ constexpr size_t kArgsFieldEnds[] = {
     FLASHATTN_FIELD_END(flashattn_args_t, cu_seqlens_k),
     FLASHATTN_FIELD_END(flashattn_args_t, max_seqlen_q),
     FLASHATTN_FIELD_END(flashattn_args_t, max_seqlen_k),
+    FLASHATTN_FIELD_END(flashattn_args_t, cache_seqlens),
+    FLASHATTN_FIELD_END(flashattn_args_t, block_table),
+    FLASHATTN_FIELD_END(flashattn_args_t, k_new),
+    FLASHATTN_FIELD_END(flashattn_args_t, v_new),
+    FLASHATTN_FIELD_END(flashattn_args_t, rotary_cos),
+    FLASHATTN_FIELD_END(flashattn_args_t, rotary_sin),
+    FLASHATTN_FIELD_END(flashattn_args_t, rotary_interleaved),
 };
 
 constexpr size_t kMergeArgsFieldEnds[] = {
@@ -620,7 +635,8 @@ struct Configuration {
   const ViewKind* heads = &kHeads4;  // q, k, v, out, dout, dq, dk, dv
   const ViewKind* lse = &kLse3;
   CheckedView q, k, v;
-  std::vector<CheckedView> variant_views;  // alibi, sinks, offsets (inputs)
+  std::vector<CheckedView> variant_views;  // alibi, sinks, offsets, cache lengths (inputs)
+  std::vector<CheckedView> cache_inputs;   // k_new, v_new, rotary tables (inputs)
 };
 
 void check_lengths(const flashattn_args_t& a, const CheckedView& q, const CheckedView& k) {
@@ -678,24 +694,177 @@ CheckedView check_per_head(const char* name, const flashattn_tensor_t* t, const 
   return c;
 }
 
+// The fields that belong to a KV cache call, before anything else is looked at: none of them
+// without cache_seqlens, none with a variable-length batch, none in a backward.
+void check_cache_fields(const flashattn_args_t& a, CallKind call) {
+  const bool varlen = a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr;
+  if (a.cache_seqlens == nullptr) {
+    const struct {
+      const char* name;
+      bool set;
+    } fields[] = {{"block_table", a.block_table != nullptr}, {"k_new", a.k_new != nullptr},
+                  {"v_new", a.v_new != nullptr}, {"rotary_cos", a.rotary_cos != nullptr},
+                  {"rotary_sin", a.rotary_sin != nullptr},
+                  {"rotary_interleaved", a.rotary_interleaved != 0}};
+    for (const auto& f : fields) {
+      if (f.set) {
+        fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+             "args: %s is set but cache_seqlens is NULL (it belongs to a KV cache call)", f.name);
+      }
+    }
+    return;
+  }
+  if (call.backward) {
+    fail(FLASHATTN_ERROR_UNSUPPORTED,
+         "args: cache_seqlens is set; the KV cache is forward only (a backward takes none)");
+  }
+  if (varlen) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "args: cache_seqlens and %s are both set; a KV cache call takes a fixed-length q and "
+         "no offsets", a.cu_seqlens_q != nullptr ? "cu_seqlens_q" : "cu_seqlens_k");
+  }
+  if (a.max_seqlen_q != 0 || a.max_seqlen_k != 0) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "args: max_seqlen_%s is %lld in a KV cache call (the cache's lengths are cache_seqlens; "
+         "max lengths belong to a variable-length batch)", a.max_seqlen_q != 0 ? "q" : "k",
+         static_cast<long long>(a.max_seqlen_q != 0 ? a.max_seqlen_q : a.max_seqlen_k));
+  }
+}
+
+// A KV cache call's own tensors, after q, k and v: the lengths, the block table, the appended
+// rows and the rotary tables. Sets the problem's cache fields and seqlen_k (the capacity).
+void check_cache(const flashattn_args_t& a, CallKind call, Configuration* cfg,
+                 std::vector<CheckedView>* cache_inputs) {
+  Problem& p = cfg->problem;
+  const bool paged = a.block_table != nullptr;
+  const CheckedView lengths =
+      check_view("cache_seqlens", a.cache_seqlens, kCacheLengths, false, call.need_data);
+  expect_dtype(lengths, FLASHATTN_DTYPE_INT32);
+  if (a.cache_seqlens->shape[0] != p.batch) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE, "cache_seqlens: shape %s, expected [batch] = %s",
+         shape_string(a.cache_seqlens).c_str(), shape_string({p.batch}).c_str());
+  }
+  cfg->variant_views.push_back(lengths);
+  p.kv_cache = paged ? KvCache::Paged : KvCache::Contiguous;
+  if (paged) {
+    const CheckedView table =
+        check_view("block_table", a.block_table, kBlockTable, false, call.need_data);
+    expect_dtype(table, FLASHATTN_DTYPE_INT32);
+    if (a.block_table->shape[0] != p.batch) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "block_table: shape %s, its batch %lld differs from q's %lld",
+           shape_string(a.block_table).c_str(), static_cast<long long>(a.block_table->shape[0]),
+           static_cast<long long>(p.batch));
+    }
+    cfg->variant_views.push_back(table);
+    p.num_pages = a.k->shape[0];
+    p.page_size = a.k->shape[1];
+    p.pages_per_seq = a.block_table->shape[1];
+    int64_t capacity;
+    if (__builtin_mul_overflow(p.page_size, p.pages_per_seq, &capacity) || capacity > kMaxDim) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "block_table: %lld pages of %lld rows per sequence exceed 2^31 - 1 tokens",
+           static_cast<long long>(p.pages_per_seq), static_cast<long long>(p.page_size));
+    }
+    p.seqlen_k = capacity;
+  }
+  if ((a.k_new == nullptr) != (a.v_new == nullptr)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (rows appended to the "
+         "cache need both)", a.k_new == nullptr ? "k_new" : "v_new",
+         a.k_new == nullptr ? "v_new" : "k_new");
+  }
+  if (a.k_new != nullptr) {
+    const CheckedView k_new = check_view("k_new", a.k_new, kHeads4, false, call.need_data);
+    const CheckedView v_new = check_view("v_new", a.v_new, kHeads4, false, call.need_data);
+    expect_same_dtype(k_new, cfg->q);
+    expect_same_dtype(v_new, cfg->q);
+    const int64_t n_new = a.k_new->shape[1];
+    const int64_t want_k[] = {p.batch, n_new, p.heads_kv, p.head_dim};
+    const int64_t want_v[] = {p.batch, n_new, p.heads_kv, p.head_dim_v};
+    for (const auto& side : {std::make_pair(&k_new, want_k), std::make_pair(&v_new, want_v)}) {
+      const flashattn_tensor_t* t = side.first->view;
+      const int64_t* w = side.second;
+      if (t->shape[0] != w[0] || t->shape[1] != w[1] || t->shape[2] != w[2] ||
+          t->shape[3] != w[3]) {
+        fail(FLASHATTN_ERROR_INVALID_SHAPE,
+             "%s: shape %s, expected [batch, N_new, heads_kv, %s] = %s", side.first->name,
+             shape_string(t).c_str(), t == a.k_new ? "head_dim" : "head_dim_v",
+             shape_string({w[0], w[1], w[2], w[3]}).c_str());
+      }
+    }
+    if (n_new > p.seqlen_k) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "k_new: %lld rows do not fit a cache of %lld tokens per sequence",
+           static_cast<long long>(n_new), static_cast<long long>(p.seqlen_k));
+    }
+    cache_inputs->push_back(k_new);
+    cache_inputs->push_back(v_new);
+    p.seqlen_new = n_new;
+  }
+  if ((a.rotary_cos == nullptr) != (a.rotary_sin == nullptr)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (a rotary embedding "
+         "needs both tables)", a.rotary_cos == nullptr ? "rotary_cos" : "rotary_sin",
+         a.rotary_cos == nullptr ? "rotary_sin" : "rotary_cos");
+  }
+  if (a.rotary_interleaved != 0 && a.rotary_interleaved != 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: rotary_interleaved is %lld, must be 0 or 1",
+         static_cast<long long>(a.rotary_interleaved));
+  }
+  if (a.rotary_cos != nullptr) {
+    const CheckedView cos = check_view("rotary_cos", a.rotary_cos, kRotaryTable, false,
+                                       call.need_data);
+    const CheckedView sin = check_view("rotary_sin", a.rotary_sin, kRotaryTable, false,
+                                       call.need_data);
+    if (a.rotary_cos->dtype != FLASHATTN_DTYPE_FLOAT32 && a.rotary_cos->dtype != a.q->dtype) {
+      fail(FLASHATTN_ERROR_INVALID_DTYPE, "rotary_cos: dtype %s, must be float32 or q's %s",
+           dtype_string(a.rotary_cos->dtype), dtype_string(a.q->dtype));
+    }
+    expect_same_dtype(sin, cos);
+    expect_same_shape(sin, cos);
+    if (2 * a.rotary_cos->shape[1] > p.head_dim) {
+      fail(FLASHATTN_ERROR_INVALID_SHAPE,
+           "rotary_cos: shape %s rotates %lld features, more than head_dim %lld",
+           shape_string(a.rotary_cos).c_str(), static_cast<long long>(2 * a.rotary_cos->shape[1]),
+           static_cast<long long>(p.head_dim));
+    }
+    cache_inputs->push_back(cos);
+    cache_inputs->push_back(sin);
+    p.rotary_dim = 2 * a.rotary_cos->shape[1];
+    p.rotary_positions = a.rotary_cos->shape[0];
+    p.rotary_dtype = static_cast<DType>(a.rotary_cos->dtype);
+    p.rotary_interleaved = a.rotary_interleaved == 1;
+  } else if (a.rotary_interleaved != 0) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "args: rotary_interleaved is set but rotary_cos is NULL (there is no rotary embedding)");
+  }
+}
+
 Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
   Configuration cfg;
   const flashattn_options_t o = read_options(a.options);
+  check_cache_fields(a, call);
   const bool varlen = a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr;
+  const bool cache = a.cache_seqlens != nullptr;
+  const bool paged = cache && a.block_table != nullptr;
   if (varlen) {
     cfg.heads = &kHeads3;
     cfg.lse = &kLse2;
   }
   const ViewKind& kind = *cfg.heads;
+  const ViewKind& kv_kind = paged ? kPages : kind;
   const int hd = kind.rank - 1, heads = kind.rank - 2, rows = kind.rank - 3;  // dimension indices
   cfg.q = check_view("q", a.q, kind, false, call.need_data);
   expect_floating(cfg.q);
-  cfg.k = check_view("k", a.k, kind, false, call.need_data);
-  cfg.v = check_view("v", a.v, kind, false, call.need_data);
+  // Rows appended make the cache an output: it must not overlap itself or any other view.
+  const bool cache_written = cache && a.k_new != nullptr;
+  cfg.k = check_view("k", a.k, kv_kind, cache_written, call.need_data);
+  cfg.v = check_view("v", a.v, kv_kind, cache_written, call.need_data);
   const CheckedView &cq = cfg.q, &ck = cfg.k, &cv = cfg.v;
   expect_same_dtype(ck, cq);
   expect_same_dtype(cv, cq);
-  if (!varlen) {
+  if (paged) {
+    expect_dim(cv, 0, ck, 0, kv_kind);
+  } else if (!varlen) {
     expect_dim(ck, 0, cq, 0, kind);
     expect_dim(cv, 0, cq, 0, kind);
   }
@@ -753,6 +922,7 @@ Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
     p.batch = a.q->shape[0];
     p.seqlen_q = a.q->shape[1];
     p.seqlen_k = a.k->shape[1];
+    if (cache) check_cache(a, call, &cfg, &cfg.cache_inputs);
     p.total_q = p.batch * p.seqlen_q;
     p.total_k = p.batch * p.seqlen_k;
   }
@@ -844,7 +1014,35 @@ VariantViews variant_views(const flashattn_args_t& a) {
   r.sinks = vector_view<const float>(a.sinks);
   r.cu_seqlens_q = vector_view<const int32_t>(a.cu_seqlens_q);
   r.cu_seqlens_k = vector_view<const int32_t>(a.cu_seqlens_k);
+  r.cache_seqlens = vector_view<const int32_t>(a.cache_seqlens);
+  if (a.block_table != nullptr) {
+    r.block_table.data = static_cast<const int32_t*>(a.block_table->data);
+    r.block_table.stride_batch = a.block_table->strides[0];
+    r.block_table.stride_page = a.block_table->strides[1];
+    r.block_table.page_size = a.k->shape[1];
+  }
   return r;
+}
+
+RotaryTable rotary_table(const flashattn_tensor_t* t) {
+  RotaryTable r;
+  if (t == nullptr) return r;
+  r.data = t->data;
+  r.stride_pos = t->strides[0];
+  r.stride_pair = t->strides[1];
+  return r;
+}
+
+CacheUpdate cache_update(const flashattn_args_t& a) {
+  CacheUpdate c;
+  if (a.cache_seqlens == nullptr) return c;
+  if (a.k_new != nullptr) {
+    c.k_new = tensor4(a.k_new);
+    c.v_new = tensor4(a.v_new);
+  }
+  c.cos = rotary_table(a.rotary_cos);
+  c.sin = rotary_table(a.rotary_sin);
+  return c;
 }
 
 void keep_views(const Configuration& cfg, std::vector<CheckedView>* views) {
@@ -852,6 +1050,7 @@ void keep_views(const Configuration& cfg, std::vector<CheckedView>* views) {
   views->push_back(cfg.k);
   views->push_back(cfg.v);
   views->insert(views->end(), cfg.variant_views.begin(), cfg.variant_views.end());
+  views->insert(views->end(), cfg.cache_inputs.begin(), cfg.cache_inputs.end());
 }
 
 }  // namespace
@@ -878,6 +1077,7 @@ ForwardArgs validate_forward(const flashattn_args_t& args, std::vector<CheckedVi
   a.out = tensor4(args.out);
   a.lse = lse_view(args.lse);
   a.variants = variant_views(args);
+  a.cache = cache_update(args);
   return a;
 }
 

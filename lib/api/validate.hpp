@@ -37,8 +37,8 @@ struct CheckedView {
 // deterministic): what a program built against that header passes, and all that the exported
 // flashattn_options_init symbol, which such programs call, may write.
 constexpr size_t kOptionsFirstSize = offsetof(flashattn_options_t, window);
-// The size of the first flashattn_args_t. It has not grown yet; when it does, this stays the
-// offset of its first appended field.
+// The size of the first flashattn_args_t: the end of max_seqlen_k, before the KV cache's
+// fields were appended.
 constexpr size_t kArgsFirstSize = offsetof(flashattn_args_t, max_seqlen_k) + sizeof(int64_t);
 
 // Fills the first `size` bytes of *out (not NULL) with the defaults and sets out->size = size:

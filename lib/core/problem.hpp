@@ -26,6 +26,10 @@ enum class Algorithm : int { Flash = FLASHATTN_ALGORITHM_FLASH, Standard = FLASH
 // Which ALiBi slopes a problem has: none, one per query head, or one per (batch entry, head).
 enum class Alibi : int { None, PerHead, PerBatchHead };
 
+// Where a forward's keys and values are: the k and v views as they are (a fixed-length or a
+// variable-length batch), or a KV cache, contiguous per sequence or in pages.
+enum class KvCache : int { None, Contiguous, Paged };
+
 // The problem's sizes and options, identical for forward and backward. For a variable-length
 // batch, batch counts the sequences and seqlen_q / seqlen_k are the largest lengths the caller
 // promised (max_seqlen_q / max_seqlen_k); total_q / total_k are the rows of the packed tensors.
@@ -55,6 +59,19 @@ struct Problem {
   int64_t num_splits = 0;  // 0: the backend chooses; else the parts of a split key range (decode)
   int64_t total_q = 0;  // B * seqlen_q for a fixed-length batch
   int64_t total_k = 0;  // B * seqlen_k for a fixed-length batch
+
+  // A KV cache (forward only). seqlen_k is then its capacity, the most keys a sequence can have
+  // (page_size * pages_per_seq when paged); each sequence's own count is on the device (CUDA)
+  // or host (CPU): cache_seqlens[b] + seqlen_new.
+  KvCache kv_cache = KvCache::None;
+  int64_t page_size = 0;      // paged: token rows per page
+  int64_t pages_per_seq = 0;  // paged: the block table's columns
+  int64_t num_pages = 0;      // paged: k's and v's pages
+  int64_t seqlen_new = 0;     // rows of k_new / v_new appended before attending; 0: none
+  int64_t rotary_dim = 0;     // R, the features of q and k_new rotated; 0: no rotary embedding
+  int64_t rotary_positions = 0;  // rows of the cos / sin tables
+  DType rotary_dtype = DType::F32;
+  bool rotary_interleaved = false;  // pairs (2r, 2r + 1); else (r, r + R / 2)
 
   int64_t group_size() const { return heads_q / heads_kv; }
   // A window that no causal mask alone expresses (a left bound, or a right bound past 0).
@@ -98,12 +115,39 @@ struct AlibiView {
   float at(int64_t b, int64_t h) const { return data[b * stride_batch + h * stride_head]; }
 };
 
+// A paged cache's block table: the page of sequence b's tokens [p * page_size, (p + 1) *
+// page_size) at data[b * stride_batch + p * stride_page]; data null: not paged.
+struct BlockTable {
+  const int32_t* data = nullptr;
+  int64_t stride_batch = 0;
+  int64_t stride_page = 0;
+  int64_t page_size = 0;
+  int32_t at(int64_t b, int64_t p) const { return data[b * stride_batch + p * stride_page]; }
+};
+
+// A rotary table, cos or sin, [positions, rotary_dim / 2] in Problem::rotary_dtype.
+struct RotaryTable {
+  const void* data = nullptr;
+  int64_t stride_pos = 0;
+  int64_t stride_pair = 0;
+};
+
 // The tensors of the variants, forward and backward alike.
 struct VariantViews {
   AlibiView alibi;
   Vector<const float> sinks;
   Vector<const int32_t> cu_seqlens_q;  // B + 1 offsets of a variable-length batch
   Vector<const int32_t> cu_seqlens_k;
+  Vector<const int32_t> cache_seqlens;  // B lengths of a KV cache before the call
+  BlockTable block_table;               // a paged KV cache
+};
+
+// What a KV cache call adds to a forward: the rows appended and the rotary tables (each data
+// null when absent). The cache itself is the forward's k and v: for a paged cache, stride_batch
+// steps from page to page and stride_seq from row to row of a page.
+struct CacheUpdate {
+  Tensor4 k_new, v_new;
+  RotaryTable cos, sin;
 };
 
 struct ForwardArgs {
@@ -111,6 +155,7 @@ struct ForwardArgs {
   Tensor4 q, k, v, out;
   LseView lse;
   VariantViews variants;
+  CacheUpdate cache;
 };
 
 struct BackwardArgs {

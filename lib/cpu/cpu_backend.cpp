@@ -10,6 +10,7 @@
 #include "core/backend.hpp"
 #include "core/error.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/kv_cache.hpp"
 #include "cpu/plan.hpp"
 #include "cpu/sequences.hpp"
 #include "cpu/thread_pool.hpp"
@@ -112,15 +113,25 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // A KV cache call's rotated copy of q first, then the plan's scratch.
   size_t workspace_size(const Problem& p, bool backward) const override {
-    return cpu::make_plan(p, backward, threads_.load()).total;
+    return cpu::rotated_queries_bytes(p) + cpu::make_plan(p, backward, threads_.load()).total;
   }
 
   void forward(const ForwardArgs& args, Workspace ws) override {
     check_offsets(args.problem, args.variants);
+    if (args.problem.kv_cache != KvCache::None) cpu::check_cache(args);
     cpu::ThreadPool& threads = pool();
-    const cpu::Plan plan = planned(args.problem, false, ws, threads);
-    kernels_.forward(args, plan, static_cast<char*>(ws.data), threads);
+    const size_t rotated = cpu::rotated_queries_bytes(args.problem);
+    const Workspace scratch{static_cast<char*>(ws.data) + rotated, ws.size - std::min(ws.size, rotated)};
+    const cpu::Plan plan = planned(args.problem, false, scratch, threads);
+    ForwardArgs a = args;
+    if (a.problem.kv_cache != KvCache::None) {
+      // Appended first: the attention reads the new rows from the cache like any other.
+      cpu::append_to_cache(a, threads);
+      if (a.problem.rotary_dim > 0) a.q = cpu::rotate_queries(a, ws.data, threads);
+    }
+    kernels_.forward(a, plan, static_cast<char*>(scratch.data), threads);
   }
 
   void backward(const BackwardArgs& args, Workspace ws) override {

@@ -303,6 +303,14 @@ inline typename E::T* out_row(const Tensor4& t, int64_t b, int64_t n, int64_t h)
   return static_cast<typename E::T*>(t.data) + b * t.stride_batch + n * t.stride_seq +
          h * t.stride_head;
 }
+// Row n of sequence b's keys or values, head h: in a paged KV cache, row n % page_size of the
+// page its block table names (t's batch stride steps from page to page); else as in_row.
+template <class E>
+inline const typename E::T* kv_row(const Tensor4& t, const BlockTable& pages, int64_t b,
+                                   int64_t n, int64_t h) {
+  if (pages.data == nullptr) return in_row<E>(t, b, n, h);
+  return in_row<E>(t, pages.at(b, n / pages.page_size), n % pages.page_size, h);
+}
 inline float* lse_at(const LseView& l, int64_t b, int64_t h, int64_t i) {
   return l.data + b * l.stride_batch + h * l.stride_head + i * l.stride_seq;
 }
@@ -315,12 +323,13 @@ inline void pack_row(float* dst, const typename E::T* src, int d, int dp, float 
 }
 
 // Rows [n0, n0 + count) of (b, h) transposed into dst[k * ld + j] = mul * x[n0 + j][k] for
-// k < d; columns [count, count_pad) are zeroed.
+// k < d; columns [count, count_pad) are zeroed. Rows of a paged cache through its pages.
 template <class E>
 void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_t n0, int count,
-                     int count_pad, int64_t h, int d, float mul) {
+                     int count_pad, int64_t h, int d, float mul,
+                     const BlockTable& pages = BlockTable{}) {
   for (int j = 0; j < count; ++j) {
-    const typename E::T* src = in_row<E>(t, b, n0 + j, h);
+    const typename E::T* src = kv_row<E>(t, pages, b, n0 + j, h);
     for (int k = 0; k < d; ++k) dst[k * ld + j] = E::load(src[k]) * mul;
   }
   for (int k = 0; k < d; ++k)
@@ -331,10 +340,11 @@ void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_
 // computed: rows of one head are far apart in [B, N, H, D], which defeats the hardware
 // prefetchers.
 template <class E>
-void prefetch_rows(const Tensor4& t, int64_t b, int64_t n0, int64_t count, int64_t h, int d) {
+void prefetch_rows(const Tensor4& t, int64_t b, int64_t n0, int64_t count, int64_t h, int d,
+                   const BlockTable& pages) {
   const int64_t bytes = static_cast<int64_t>(d) * static_cast<int64_t>(sizeof(typename E::T));
   for (int64_t j = 0; j < count; ++j) {
-    const char* row = reinterpret_cast<const char*>(in_row<E>(t, b, n0 + j, h));
+    const char* row = reinterpret_cast<const char*>(kv_row<E>(t, pages, b, n0 + j, h));
     for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 2);
     __builtin_prefetch(row + bytes - 1, 0, 2);
   }
@@ -557,6 +567,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   float* K = t.at(pl.t_kt);  // [kBlockK][dp]
   float* V = t.at(pl.t_v);   // [kBlockK][dvp]
   float* St = t.at(pl.t_s);  // [kBlockK][kBlockQ]
+  const BlockTable& pages = a.variants.block_table;
 
   QueryTile tiles[kMaxQueryGroup];
   int64_t key_begin = seq.len_k, key_end = 0;
@@ -585,13 +596,14 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
     for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(K + j * dp, in_row<E>(a.k, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
-      pack_row<E>(V + j * dvp, in_row<E>(a.v, b, seq.k_begin + j0 + j, hk), dv, dvp, 1.0f);
+      pack_row<E>(K + j * dp, kv_row<E>(a.k, pages, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
+      pack_row<E>(V + j * dvp, kv_row<E>(a.v, pages, b, seq.k_begin + j0 + j, hk), dv, dvp,
+                  1.0f);
     }
     if (j0 + kBlockK < key_end) {
       const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
-      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d);
-      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kBlockK, next, hk, dv);
+      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d, pages);
+      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kBlockK, next, hk, dv, pages);
     }
     for (int s = 0; s < ntiles; ++s) {
       const QueryTile& q = tiles[s];
@@ -639,13 +651,13 @@ void pack_kv_item(const Problem& p, const VariantViews& var, const Plan& pl, con
     const int pad = static_cast<int>(std::min<int64_t>(kBlockK, pl.nk_pad - j0));
     if (pad > 0) {
       pack_transposed<E>(kt_all + bh * d * pl.nk_pad + j0, pl.nk_pad, src, b, seq.k_begin + j0,
-                         ncols, pad, hk, d, 1.0f);
+                         ncols, pad, hk, d, 1.0f, var.block_table);
     }
   }
   if (rows_all != nullptr) {
     for (int j = 0; j < ncols; ++j) {
       pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp,
-                  in_row<E>(src, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
+                  kv_row<E>(src, var.block_table, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
     }
   }
 }

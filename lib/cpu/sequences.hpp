@@ -22,6 +22,12 @@ struct Seq {
 
 inline Seq seq_of(const Problem& p, const VariantViews& v, int64_t b) {
   Seq s;
+  if (p.kv_cache != KvCache::None) {  // the keys the cache held, and the rows appended to it
+    s.len_q = p.seqlen_q;
+    s.len_k = v.cache_seqlens.at(b) + p.seqlen_new;
+    s.rows = b * p.seqlen_q;
+    return s;
+  }
   if (!p.varlen) {
     s.len_q = p.seqlen_q;
     s.len_k = p.seqlen_k;

@@ -19,6 +19,15 @@ struct options_v1 {
   int32_t deterministic;
 };
 
+/* flashattn_args_t as its first header had it, before the KV cache's fields. */
+struct args_v1 {
+  size_t size;
+  const flashattn_options_t *options;
+  const flashattn_tensor_t *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
+  const flashattn_tensor_t *alibi_slopes, *sinks, *dsinks, *cu_seqlens_q, *cu_seqlens_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+};
+
 /* The first header declared a function where this one has a macro. */
 #undef flashattn_options_init
 flashattn_status_t flashattn_options_init(struct options_v1 *out);
@@ -213,10 +222,40 @@ static void newer_header_caller(struct problem *p) {
 
 /* ---- sizes the _sized functions refuse, writing nothing ----------------------------------- */
 
+/* ---- a caller of the first flashattn_args_t: its size, its fields where they were ------- */
+
+static void first_args_caller(struct problem *p) {
+  struct {
+    struct args_v1 args;
+    unsigned char guard[GUARD_BYTES];
+  } a;
+  flashattn_options_t options;
+  flashattn_tensor_t tout;
+  float out[kElems], expected[kElems];
+
+  memset(&a, GUARD_VALUE, sizeof a);
+  CHECK_OK(flashattn_args_init_sized((flashattn_args_t *)&a.args, sizeof a.args));
+  CHECK(guard_intact(a.guard));
+  CHECK(a.args.size == sizeof a.args && a.args.q == NULL && a.args.max_seqlen_k == 0);
+  current_options(&options, 0.5f, 1);
+  CHECK_OK(flashattn_tensor_4d(&tout, out, FLASHATTN_DTYPE_FLOAT32, 1, kSeq, kHeads, kDim));
+  a.args.options = &options;
+  a.args.q = &p->tq;
+  a.args.k = &p->tk;
+  a.args.v = &p->tv;
+  a.args.out = &tout;
+  memset(out, 0, sizeof out);
+  CHECK_OK(flashattn_forward_ex(p->ctx, (const flashattn_args_t *)&a.args, NULL, 0));
+  CHECK_OK(problem_forward(p, &options, expected));
+  CHECK(memcmp(out, expected, sizeof out) == 0);
+  CHECK(guard_intact(a.guard));
+}
+
 static void refused_sizes(void) {
   const size_t first_options = sizeof(struct options_v1);
   const size_t bad_options[] = {0, sizeof(size_t), first_options - 4, first_options + 2, 4097};
-  const size_t bad_args[] = {0, sizeof(size_t), sizeof(flashattn_args_t) - 8, 4097};
+  const size_t bad_args[] = {0, sizeof(size_t), sizeof(struct args_v1) - 8,
+                             sizeof(struct args_v1) + 4, 4097};
   struct {
     flashattn_options_t options;
     unsigned char guard[GUARD_BYTES];
@@ -264,6 +303,7 @@ int main(void) {
   problem_init(&p);
   first_header_caller(&p);
   newer_header_caller(&p);
+  first_args_caller(&p);
   refused_sizes();
   flashattn_context_destroy(p.ctx);
   if (failures != 0) {

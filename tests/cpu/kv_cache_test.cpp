@@ -1,0 +1,676 @@
+// The KV cache call on the CPU backend: a forward over a cache (contiguous or paged) is the
+// variable-length forward over the same tokens, bit for bit, whatever the page size, the order
+// of the block table or the pages sequences share for reading; rows appended are written into
+// the cache, exactly, and attended; the rotary embedding against a float64 rotation; the host
+// checks of lengths, tables and positions refuse bad values with the cache and outputs intact.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/harness.hpp"
+
+using namespace flashattn_test;
+
+namespace {
+
+constexpr flashattn_dtype_t F32 = FLASHATTN_DTYPE_FLOAT32;
+constexpr flashattn_dtype_t F16 = FLASHATTN_DTYPE_FLOAT16;
+constexpr flashattn_dtype_t BF16 = FLASHATTN_DTYPE_BFLOAT16;
+constexpr flashattn_algorithm_t kFlash = FLASHATTN_ALGORITHM_FLASH;
+constexpr flashattn_algorithm_t kStandard = FLASHATTN_ALGORITHM_STANDARD;
+
+// A variable-length case of `lengths_k.size()` sequences of nq queries each.
+Case cache_case(flashattn_dtype_t dtype, int64_t nq, std::vector<int64_t> lengths_k,
+                int64_t hq, int64_t hkv, int64_t d, bool causal) {
+  Case c = shaped_case(dtype, 1, nq, 1, hq, hkv, d, causal,
+                       static_cast<uint64_t>(nq * 131 + d * 17 + lengths_k.size() * 7 +
+                                             static_cast<int>(dtype) * 1000 + (causal ? 5 : 0)));
+  c.batch = static_cast<int64_t>(lengths_k.size());
+  c.seqlens_q.assign(lengths_k.size(), nq);
+  c.seqlens_k = lengths_k;
+  c.seqlen_q = nq;
+  c.seqlen_k = std::max<int64_t>(1, *std::max_element(lengths_k.begin(), lengths_k.end()));
+  return c;
+}
+
+// How the case's keys sit in the cache.
+struct CacheLayout {
+  int64_t n_new = 0;       // the last n_new keys of each sequence are appended by the call
+  int64_t page_size = 0;   // 0: a contiguous cache
+  int64_t capacity = 0;    // tokens per sequence (paged: rounded up to whole pages); 0: longest
+  int64_t shared_pages = 0;  // sequences 1.. read sequence 0's first pages (tokens made equal)
+  int64_t rotary_dim = 0;  // 0: no rotary embedding
+  bool interleaved = false;
+  flashattn_dtype_t rotary_dtype = F32;
+  uint64_t seed = 7;
+};
+
+// The tensors of a KV cache call, alive as long as this object, built from a case's inputs.
+struct CacheCall {
+  Case c;
+  CacheLayout layout;
+  int64_t capacity = 0, pages_per_seq = 0, num_pages = 0;
+  std::vector<int32_t> seqlens;  // cache_seqlens: the tokens held before the call
+  std::vector<int32_t> table;    // [B, pages_per_seq], -1 where a sequence uses no page
+  HostTensor q, k, v, k_new, v_new, cos, sin;
+  HostTensor k_after, v_after;   // the cache as the call must leave it (without rotary)
+  flashattn_tensor_t views[11];
+
+  int64_t len_k(int64_t b) const { return c.seqlens_k[b]; }
+  // Where token t of sequence b lies in k / v: (batch or page, row).
+  std::pair<int64_t, int64_t> slot(int64_t b, int64_t t) const {
+    if (layout.page_size == 0) return {b, t};
+    return {table[b * pages_per_seq + t / layout.page_size], t % layout.page_size};
+  }
+};
+
+void copy_row(HostTensor& dst, int64_t i0, int64_t i1, const HostTensor& src, int64_t j0,
+              int64_t j1, int64_t heads, int64_t d) {
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t x = 0; x < d; ++x) dst.set(i0, i1, h, x, src.get(j0, j1, h, x));
+}
+
+// Sequences 1.. take sequence 0's first `tokens` keys and values (the pages they share).
+void share_prefix(const Case& c, Inputs& in, int64_t tokens) {
+  int64_t k0 = c.seqlens_k[0];
+  for (size_t b = 1; b < c.seqlens_k.size(); ++b) {
+    REQUIRE(c.seqlens_k[b] >= tokens);
+    for (int64_t t = 0; t < tokens; ++t) {
+      copy_row(in.k, 0, k0 + t, in.k, 0, t, c.heads_kv, c.head_dim);
+      copy_row(in.v, 0, k0 + t, in.v, 0, t, c.heads_kv, c.dv());
+    }
+    k0 += c.seqlens_k[b];
+  }
+}
+
+// The table of a rotary embedding: angle pos * 10000^(-2r / R).
+HostTensor rotary_table(int64_t positions, int64_t rotary_dim, flashattn_dtype_t dtype,
+                        bool sine) {
+  HostTensor t = HostTensor::make(dtype, 1, 1, positions, rotary_dim / 2);
+  std::vector<double> values;
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t r = 0; r < rotary_dim / 2; ++r) {
+      const double angle = static_cast<double>(p) *
+                           std::pow(10000.0, -2.0 * static_cast<double>(r) / rotary_dim);
+      values.push_back(sine ? std::sin(angle) : std::cos(angle));
+    }
+  t.from_double(values);
+  return t;
+}
+
+flashattn_tensor_t int_view(const std::vector<int32_t>& v, int64_t rows, int64_t cols) {
+  flashattn_tensor_t t{};
+  t.data = const_cast<int32_t*>(v.data());
+  t.dtype = FLASHATTN_DTYPE_INT32;
+  t.rank = cols == 0 ? 1 : 2;
+  t.shape[0] = rows;
+  t.strides[0] = cols == 0 ? 1 : cols;
+  if (cols != 0) {
+    t.shape[1] = cols;
+    t.strides[1] = 1;
+  }
+  return t;
+}
+
+// A [1, 1, P, R/2] table seen as the call's [P, R/2].
+flashattn_tensor_t table_view(const HostTensor& t) {
+  flashattn_tensor_t v = t.view();
+  v.rank = 2;
+  v.shape[0] = v.shape[2];
+  v.shape[1] = v.shape[3];
+  v.strides[0] = v.strides[2];
+  v.strides[1] = v.strides[3];
+  v.shape[2] = v.shape[3] = v.strides[2] = v.strides[3] = 0;
+  return v;
+}
+
+CacheCall build(const Case& c, const Inputs& in, const CacheLayout& layout) {
+  CacheCall call;
+  call.c = c;
+  call.layout = layout;
+  const int64_t B = c.batch, nq = c.seqlen_q, hq = c.heads_q, hkv = c.heads_kv;
+  const int64_t d = c.head_dim, dv = c.dv();
+  const int64_t longest = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
+  int64_t capacity = std::max<int64_t>({layout.capacity, longest, 1});
+  if (layout.page_size > 0) {
+    call.pages_per_seq = (capacity + layout.page_size - 1) / layout.page_size;
+    capacity = call.pages_per_seq * layout.page_size;
+    call.num_pages = B * call.pages_per_seq + 2;  // two pages no sequence uses
+  }
+  call.capacity = capacity;
+
+  call.q = HostTensor::make(c.dtype, B, nq, hq, d);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < nq; ++i) copy_row(call.q, b, i, in.q, 0, b * nq + i, hq, d);
+
+  // The block table: pages in a shuffled order, -1 past the pages a sequence uses, and the
+  // first shared_pages of every sequence those of sequence 0.
+  if (layout.page_size > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(call.num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(layout.seed));
+    call.table.assign(static_cast<size_t>(B * call.pages_per_seq), -1);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t used = (call.len_k(b) + layout.page_size - 1) / layout.page_size;
+      for (int64_t j = 0; j < used; ++j) {
+        call.table[b * call.pages_per_seq + j] =
+            j < layout.shared_pages ? order[j] : order[b * call.pages_per_seq + j];
+      }
+    }
+  }
+  const int64_t slots = layout.page_size > 0 ? call.num_pages : B;
+  const int64_t rows = layout.page_size > 0 ? layout.page_size : capacity;
+  call.k = HostTensor::make(c.dtype, slots, rows, hkv, d);
+  call.v = HostTensor::make(c.dtype, slots, rows, hkv, dv);
+  call.k.poison();
+  call.v.poison();
+  call.k_after = HostTensor::make(c.dtype, slots, rows, hkv, d);
+  call.v_after = HostTensor::make(c.dtype, slots, rows, hkv, dv);
+  call.k_after.poison();
+  call.v_after.poison();
+  if (layout.n_new > 0) {
+    call.k_new = HostTensor::make(c.dtype, B, layout.n_new, hkv, d);
+    call.v_new = HostTensor::make(c.dtype, B, layout.n_new, hkv, dv);
+  }
+  int64_t k0 = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t held = call.len_k(b) - layout.n_new;
+    REQUIRE(held >= 0);
+    call.seqlens.push_back(static_cast<int32_t>(held));
+    for (int64_t t = 0; t < call.len_k(b); ++t) {
+      const auto at = call.slot(b, t);
+      copy_row(call.k_after, at.first, at.second, in.k, 0, k0 + t, hkv, d);
+      copy_row(call.v_after, at.first, at.second, in.v, 0, k0 + t, hkv, dv);
+      if (t < held) {
+        copy_row(call.k, at.first, at.second, in.k, 0, k0 + t, hkv, d);
+        copy_row(call.v, at.first, at.second, in.v, 0, k0 + t, hkv, dv);
+      } else {
+        copy_row(call.k_new, b, t - held, in.k, 0, k0 + t, hkv, d);
+        copy_row(call.v_new, b, t - held, in.v, 0, k0 + t, hkv, dv);
+      }
+    }
+    k0 += call.len_k(b);
+  }
+  if (layout.rotary_dim > 0) {
+    call.cos = rotary_table(capacity, layout.rotary_dim, layout.rotary_dtype, false);
+    call.sin = rotary_table(capacity, layout.rotary_dim, layout.rotary_dtype, true);
+  }
+  return call;
+}
+
+struct CacheResult {
+  flashattn_status_t status;
+  std::string message;
+  HostTensor out, lse;
+};
+
+// The cache call into poisoned outputs (optionally with a workspace of `workspace` bytes).
+CacheResult run_cache(flashattn_context_t ctx, CacheCall& call, const Inputs& in,
+                      flashattn_algorithm_t algorithm, int64_t workspace = -1) {
+  const Case& c = call.c;
+  CacheResult r;
+  r.out = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.dv());
+  r.lse = HostTensor::lse(c.batch, c.heads_q, c.seqlen_q);
+  r.out.poison();
+  r.lse.poison();
+  flashattn_options_t options = options_for(c, algorithm);
+  flashattn_args_t args;
+  flashattn_args_init(&args);
+  args.options = &options;
+  flashattn_tensor_t* v = call.views;
+  v[0] = call.q.view();
+  v[1] = call.k.view();
+  v[2] = call.v.view();
+  v[3] = r.out.view();
+  v[4] = r.lse.view();
+  v[5] = int_view(call.seqlens, c.batch, 0);
+  args.q = &v[0];
+  args.k = &v[1];
+  args.v = &v[2];
+  args.out = &v[3];
+  args.lse = &v[4];
+  args.cache_seqlens = &v[5];
+  if (call.layout.page_size > 0) {
+    v[6] = int_view(call.table, c.batch, call.pages_per_seq);
+    args.block_table = &v[6];
+  }
+  if (call.layout.n_new > 0) {
+    v[7] = call.k_new.view();
+    v[8] = call.v_new.view();
+    args.k_new = &v[7];
+    args.v_new = &v[8];
+  }
+  if (call.layout.rotary_dim > 0) {
+    v[9] = table_view(call.cos);
+    v[10] = table_view(call.sin);
+    args.rotary_cos = &v[9];
+    args.rotary_sin = &v[10];
+    args.rotary_interleaved = call.layout.interleaved ? 1 : 0;
+  }
+  flashattn_tensor_t alibi, sinks;
+  if (c.alibi != Slopes::None) {
+    alibi = in.alibi.view();
+    args.alibi_slopes = &alibi;
+  }
+  if (c.sinks) {
+    sinks = in.sinks.view();
+    args.sinks = &sinks;
+  }
+  std::vector<unsigned char> ws;
+  size_t ws_size = 0;
+  if (workspace >= 0) {
+    ws.resize(static_cast<size_t>(workspace) + 256);
+    ws_size = static_cast<size_t>(workspace);
+  }
+  // Aligned as the workspace must be (256 bytes).
+  void* ws_ptr = workspace > 0 ? reinterpret_cast<void*>(
+                                     (reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256)
+                               : nullptr;
+  r.status = flashattn_forward_ex(ctx, &args, ws_ptr, ws_size);
+  r.message = flashattn_last_error();
+  return r;
+}
+
+// out [B, Nq, Hq, dv] and lse [B, Hq, Nq] of a cache call against the packed rows of the
+// variable-length forward: the number of elements whose bits differ.
+int mismatches(const Case& c, const CacheResult& got, const ForwardResult& want) {
+  int n = 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.seqlen_q; ++i)
+      for (int64_t h = 0; h < c.heads_q; ++h) {
+        const int64_t row = b * c.seqlen_q + i;
+        for (int64_t x = 0; x < c.dv(); ++x) {
+          const double a = got.out.get(b, i, h, x), e = want.out.get(0, row, h, x);
+          n += !(a == e || (std::isnan(a) && std::isnan(e)));
+        }
+        const double a = got.lse.get(b, h, i), e = want.lse.get(0, h, row);
+        n += !(a == e || (std::isnan(a) && std::isnan(e)));
+      }
+  return n;
+}
+
+// The cache call equals the variable-length forward over its tokens, and leaves the cache as
+// k_after / v_after (the appended rows in place, nothing else touched).
+void check_against_varlen(const Case& c, const CacheLayout& layout) {
+  CpuContext ctx;
+  Inputs in = make_inputs(c);
+  if (layout.shared_pages > 0) share_prefix(c, in, layout.shared_pages * layout.page_size);
+  for (flashattn_algorithm_t alg : {kFlash, kStandard}) {
+    CacheCall call = build(c, in, layout);
+    const CacheResult got = run_cache(ctx.get(), call, in, alg);
+    const std::string what = c.name() + " n_new " + std::to_string(layout.n_new) + " page " +
+                             std::to_string(layout.page_size) +
+                             (alg == kFlash ? " flash" : " standard");
+    REQUIRE_MESSAGE(got.status == FLASHATTN_SUCCESS, what, ": ", got.message);
+    const ForwardResult want = run_forward(ctx.get(), c, in, alg);
+    CHECK_MESSAGE(mismatches(c, got, want) == 0, what);
+    CHECK_MESSAGE(call.k.snapshot() == call.k_after.snapshot(), what, ": k after the call");
+    CHECK_MESSAGE(call.v.snapshot() == call.v_after.snapshot(), what, ": v after the call");
+  }
+}
+
+CacheLayout paged(int64_t page_size, int64_t n_new = 0) {
+  CacheLayout l;
+  l.page_size = page_size;
+  l.n_new = n_new;
+  l.seed = static_cast<uint64_t>(page_size * 13 + n_new);
+  return l;
+}
+
+CacheLayout contiguous(int64_t n_new = 0, int64_t capacity = 0) {
+  CacheLayout l;
+  l.n_new = n_new;
+  l.capacity = capacity;
+  return l;
+}
+
+}  // namespace
+
+TEST_SUITE("cpu_kv_cache") {
+  TEST_CASE("a cached forward is the variable-length forward over its tokens, bit for bit") {
+    // Lengths of 0 and 1, past a tile, not multiples of any page; one token (decode) and three.
+    for (flashattn_dtype_t dtype : {F32, F16, BF16}) {
+      const Case decode = cache_case(dtype, 1, {0, 1, 70, 129, 5}, 4, 2, 40, false);
+      const Case several = cache_case(dtype, 3, {3, 17, 200}, 4, 1, 32, true);
+      for (const Case& c : {decode, several}) {
+        check_against_varlen(c, contiguous(0, 260));
+        for (int64_t page : {1, 7, 16, 64, 256}) check_against_varlen(c, paged(page));
+      }
+    }
+  }
+
+  TEST_CASE("rows appended are written into the cache and attended, contiguous and paged") {
+    for (flashattn_dtype_t dtype : {F32, BF16}) {
+      const Case decode = cache_case(dtype, 1, {1, 8, 70, 129}, 8, 2, 64, true);
+      check_against_varlen(decode, contiguous(1, 130));
+      for (int64_t page : {1, 7, 16, 64, 256}) check_against_varlen(decode, paged(page, 1));
+      // Several new rows per sequence, more queries than new rows and fewer.
+      for (int64_t nq : {2, 5}) {
+        const Case c = cache_case(dtype, nq, {5, 9, 200}, 4, 2, 40, true);
+        check_against_varlen(c, contiguous(3));
+        check_against_varlen(c, paged(16, 3));
+      }
+      // A cache that the new rows fill to its last token.
+      check_against_varlen(cache_case(dtype, 4, {64, 10}, 2, 2, 16, true), paged(16, 4));
+    }
+  }
+
+  TEST_CASE("pages shared by sequences for reading") {
+    const Case c = cache_case(F16, 2, {40, 50, 33}, 4, 2, 32, true);
+    CacheLayout layout = paged(16, 1);
+    layout.shared_pages = 2;  // 32 tokens, all held before the call by every sequence
+    check_against_varlen(c, layout);
+  }
+
+  TEST_CASE("every variant through the cache: window, softcap, ALiBi, sinks, GQA, d_v") {
+    Case c = cache_case(BF16, 3, {1, 60, 131, 7}, 8, 2, 48, true);
+    c.window = true;
+    c.window_left = 20;
+    c.window_right = 0;
+    c.softcap = 5.0f;
+    c.alibi = Slopes::PerBatchHead;
+    c.sinks = true;
+    c.head_dim_v = 24;
+    check_against_varlen(c, contiguous(1));
+    check_against_varlen(c, paged(7, 1));
+    Case wide = cache_case(F32, 2, {0, 90, 33}, 4, 4, 16, false);
+    wide.window = true;
+    wide.window_left = 9;
+    wide.window_right = 4;
+    wide.alibi = Slopes::PerHead;
+    check_against_varlen(wide, paged(64));
+  }
+}
+
+namespace {
+
+// |got - want| for a rotated value: one unit in the last place of the dtype at |want|, and
+// fp32's rounding of x cos - y sin.
+double rotary_tolerance(flashattn_dtype_t dtype, double want, double x, double y) {
+  const double ulp = dtype == F32 ? 0x1p-23 : (dtype == F16 ? 0x1p-10 : 0x1p-7);
+  return ulp * std::fabs(want) + 0x1p-22 * (std::fabs(x) + std::fabs(y));
+}
+
+// Pair (i0, i1) of feature r of a row with rotary_dim R.
+std::pair<int64_t, int64_t> pair_of(const CacheLayout& l, int64_t r) {
+  return l.interleaved ? std::make_pair(2 * r, 2 * r + 1)
+                       : std::make_pair(r, r + l.rotary_dim / 2);
+}
+
+// Rotates the rows of `t` (double, [rows][heads][d] of one packed tensor) that `position`
+// places (position(row) < 0: left alone), with the tables' values.
+void rotate64(std::vector<double>& t, int64_t rows, int64_t heads, int64_t d,
+              const CacheLayout& l, const std::vector<double>& cos, const std::vector<double>& sin,
+              const std::function<int64_t(int64_t)>& position) {
+  const int64_t half = l.rotary_dim / 2;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t pos = position(row);
+    if (pos < 0) continue;
+    for (int64_t h = 0; h < heads; ++h) {
+      double* e = &t[static_cast<size_t>((row * heads + h) * d)];
+      for (int64_t r = 0; r < half; ++r) {
+        const auto p = pair_of(l, r);
+        const double x = e[p.first], y = e[p.second];
+        const double cs = cos[pos * half + r], sn = sin[pos * half + r];
+        e[p.first] = x * cs - y * sn;
+        e[p.second] = x * sn + y * cs;
+      }
+    }
+  }
+}
+
+void check_rotary(const Case& c, CacheLayout layout) {
+  CpuContext ctx;
+  const Inputs in = make_inputs(c);
+  CacheCall flash_call = build(c, in, layout);
+  CacheCall standard_call = build(c, in, layout);
+  const std::string what = c.name() + " R " + std::to_string(layout.rotary_dim) +
+                           (layout.interleaved ? " interleaved" : " half-split") + " tables " +
+                           dtype_label(layout.rotary_dtype) + " n_new " +
+                           std::to_string(layout.n_new);
+  const CacheResult flash = run_cache(ctx.get(), flash_call, in, kFlash);
+  REQUIRE_MESSAGE(flash.status == FLASHATTN_SUCCESS, what, ": ", flash.message);
+  const CacheResult standard = run_cache(ctx.get(), standard_call, in, kStandard);
+  REQUIRE_MESSAGE(standard.status == FLASHATTN_SUCCESS, what, ": ", standard.message);
+
+  // The float64 rotation of the packed tokens: query i of b at len_k - Nq + i, new key t at t.
+  const std::vector<double> cos = flash_call.cos.to_double(), sin = flash_call.sin.to_double();
+  std::vector<int64_t> seq_of_k, first_k;
+  int64_t k0 = 0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    first_k.push_back(k0);
+    for (int64_t t = 0; t < c.seqlens_k[b]; ++t) seq_of_k.push_back(b);
+    k0 += c.seqlens_k[b];
+  }
+  std::vector<double> q = in.q.to_double(), k = in.k.to_double();
+  const std::vector<double> k_plain = k;
+  rotate64(q, c.total_q(), c.heads_q, c.head_dim, layout, cos, sin, [&](int64_t row) {
+    const int64_t b = row / c.seqlen_q, i = row % c.seqlen_q;
+    return c.seqlens_k[b] - c.seqlen_q + i;
+  });
+  rotate64(k, c.total_k(), c.heads_kv, c.head_dim, layout, cos, sin, [&](int64_t row) {
+    const int64_t b = seq_of_k[row], t = row - first_k[b];
+    return t >= c.seqlens_k[b] - layout.n_new ? t : -1;  // cached tokens are left as they are
+  });
+
+  // The appended rows in the cache: the rotation, rounded once.
+  int bad = 0;
+  std::string first_bad;
+  for (int64_t row = 0; row < c.total_k(); ++row) {
+    const int64_t b = seq_of_k[row], t = row - first_k[b];
+    if (t < c.seqlens_k[b] - layout.n_new) continue;
+    const auto at = flash_call.slot(b, t);
+    for (int64_t h = 0; h < c.heads_kv; ++h)
+      for (int64_t x = 0; x < c.head_dim; ++x) {
+        const size_t e = static_cast<size_t>((row * c.heads_kv + h) * c.head_dim + x);
+        const double got = flash_call.k.get(at.first, at.second, h, x);
+        // The pair's inputs bound fp32's error of the rotation.
+        double px = k_plain[e], py = 0.0;
+        if (x < layout.rotary_dim) {
+          for (int64_t r = 0; r < layout.rotary_dim / 2; ++r) {
+            const auto p = pair_of(layout, r);
+            if (p.first == x || p.second == x) {
+              const size_t base = e - static_cast<size_t>(x);
+              px = k_plain[base + p.first];
+              py = k_plain[base + p.second];
+            }
+          }
+        }
+        if (!(std::fabs(got - k[e]) <= rotary_tolerance(c.dtype, k[e], px, py))) {
+          if (bad++ == 0) {
+            first_bad = "sequence " + std::to_string(b) + " token " + std::to_string(t) +
+                        " head " + std::to_string(h) + " feature " + std::to_string(x) +
+                        ": got " + std::to_string(got) + ", float64 " + std::to_string(k[e]);
+          }
+        }
+      }
+  }
+  CHECK_MESSAGE(bad == 0, what, ": ", bad, " rotated cache elements wrong, first ", first_bad);
+
+  // Attention over the rotated tokens, against the float64 reference by the rule (the standard
+  // algorithm's distance in the same dtype as the base).
+  const RefProblem rp = in.ref(c);
+  std::vector<double> ref_out, ref_lse;
+  reference_forward(rp, q, k, in.v.to_double(), &ref_out, &ref_lse);
+  // The reference's out is [total_q, Hq, dv] and its LSE [Hq, total_q]; the cache call's out
+  // [B, Nq, Hq, dv] has the same order, its LSE [B, Hq, Nq] another.
+  std::vector<double> lse_flash, lse_standard, lse_ref;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < c.seqlen_q; ++i) {
+        lse_flash.push_back(flash.lse.get(b, h, i));
+        lse_standard.push_back(standard.lse.get(b, h, i));
+        lse_ref.push_back(ref_lse[static_cast<size_t>(h * c.total_q() + b * c.seqlen_q + i)]);
+      }
+  const double atol = dtype_atol(c.dtype);
+  const Comparison out_cmp =
+      check_rule(what + " out", flash.out.to_double(), standard.out.to_double(), ref_out, atol);
+  CHECK_MESSAGE(out_cmp.ok, out_cmp.message);
+  const Comparison lse_cmp = check_rule(what + " lse", lse_flash, lse_standard, lse_ref, atol);
+  CHECK_MESSAGE(lse_cmp.ok, lse_cmp.message);
+}
+
+}  // namespace
+
+TEST_SUITE("cpu_kv_cache_rotary") {
+  TEST_CASE("rotary embedding of q and the appended rows against a float64 rotation") {
+    for (flashattn_dtype_t dtype : {F32, F16, BF16}) {
+      for (bool interleaved : {false, true}) {
+        for (flashattn_dtype_t tables : {F32, dtype}) {
+          CacheLayout l = paged(16, 2);
+          l.rotary_dim = 32;
+          l.interleaved = interleaved;
+          l.rotary_dtype = tables;
+          check_rotary(cache_case(dtype, 2, {2, 19, 100}, 4, 2, 32, true), l);
+          // A part of head_dim rotated; contiguous; no rows appended (q alone is rotated).
+          CacheLayout part = contiguous(0, 150);
+          part.rotary_dim = 16;
+          part.interleaved = interleaved;
+          part.rotary_dtype = tables;
+          check_rotary(cache_case(dtype, 3, {3, 40, 129}, 2, 1, 40, false), part);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// A call that the host checks refuse: its status and message, and the cache and the outputs
+// as they were.
+void expect_refused(CacheCall& call, const Inputs& in, const std::string& fragment) {
+  CpuContext ctx;
+  const auto k_before = call.k.snapshot(), v_before = call.v.snapshot();
+  const CacheResult r = run_cache(ctx.get(), call, in, kFlash);
+  CHECK_MESSAGE(r.status == FLASHATTN_ERROR_INVALID_SHAPE, fragment, " -> ", r.message);
+  CHECK_MESSAGE(r.message.find(fragment) != std::string::npos, r.message);
+  CHECK_MESSAGE(call.k.snapshot() == k_before, fragment, ": the cache's k changed");
+  CHECK_MESSAGE(call.v.snapshot() == v_before, fragment, ": the cache's v changed");
+  const std::vector<double> out = r.out.to_double();
+  CHECK_MESSAGE(std::all_of(out.begin(), out.end(), [](double x) { return std::isnan(x); }),
+                fragment, ": out was written");
+}
+
+}  // namespace
+
+TEST_SUITE("cpu_kv_cache_checks") {
+  const Case c = cache_case(F32, 1, {5, 20, 9}, 2, 1, 16, true);
+
+  TEST_CASE("lengths: negative, and past the cache with the rows appended") {
+    const Inputs in = make_inputs(c);
+    CacheCall negative = build(c, in, contiguous(1, 24));
+    negative.seqlens[1] = -3;
+    expect_refused(negative, in, "cache_seqlens[1] is -3, must be >= 0");
+    CacheCall past = build(c, in, paged(8, 1));
+    past.seqlens[2] = 24;  // 24 + 1 > 3 pages of 8
+    expect_refused(past, in, "sequence 2: cache_seqlens[2] = 24 and 1 new rows make 25 tokens, "
+                             "past the cache's 24");
+  }
+
+  TEST_CASE("block table entries a sequence uses: outside the pages; unused ones are not read") {
+    const Inputs in = make_inputs(c);
+    CacheCall low = build(c, in, paged(8, 1));
+    low.table[1 * low.pages_per_seq + 2] = -1;  // sequence 1 uses 3 pages of 8 for 20 tokens
+    expect_refused(low, in, "block_table[1, 2] is -1, outside k's 11 pages (sequence 1 uses its "
+                            "first 3 entries)");
+    CacheCall high = build(c, in, paged(8, 1));
+    high.table[0] = static_cast<int32_t>(high.num_pages);
+    expect_refused(high, in, "block_table[0, 0] is 11, outside k's 11 pages");
+    // Entries past those used hold -1 already (build): the call succeeds.
+    CpuContext ctx;
+    CacheCall fine = build(c, in, paged(8, 1));
+    fine.table[0 * fine.pages_per_seq + 2] = 1 << 30;  // sequence 0 uses 1 page
+    CHECK(run_cache(ctx.get(), fine, in, kFlash).status == FLASHATTN_SUCCESS);
+  }
+
+  TEST_CASE("two sequences appending into one page row, and one appending twice") {
+    const Inputs in = make_inputs(c);
+    CacheCall two = build(c, in, paged(8, 1));
+    // Sequence 2 (9 tokens: rows 0-7 of its page 0, row 0 of page 1) appends token 8 into row 0
+    // of its page 1; make sequence 1's page 0 that page, and sequence 1 append into row 0 too.
+    two.seqlens[1] = 0;
+    two.c.seqlens_k[1] = 1;
+    two.table[1 * two.pages_per_seq] = two.table[2 * two.pages_per_seq + 1];
+    expect_refused(two, in, "sequences 1 and 2 both append into row 0 of page");
+    const Case twice_case = cache_case(F32, 1, {20}, 2, 1, 16, true);
+    const Inputs twice_in = make_inputs(twice_case);
+    CacheCall twice = build(twice_case, twice_in, paged(4, 8));  // appends tokens 12-19
+    twice.table[4] = twice.table[3];                             // pages 3 and 4 the same
+    expect_refused(twice, twice_in, "sequence 0 appends into row 0 of page");
+  }
+
+  TEST_CASE("rotary positions: past the tables, and queries without one") {
+    const Inputs in = make_inputs(c);
+    CacheLayout l = contiguous(1, 24);
+    l.rotary_dim = 8;
+    CacheCall past = build(c, in, l);
+    past.cos = rotary_table(15, 8, F32, false);  // sequence 1 reaches position 19
+    past.sin = rotary_table(15, 8, F32, true);
+    expect_refused(past, in, "sequence 1: position 19 is past rotary_cos's 15 rows");
+    const Case few = cache_case(F32, 4, {2, 6}, 2, 1, 16, false);
+    const Inputs few_in = make_inputs(few);
+    CacheLayout none = contiguous(0, 8);
+    none.rotary_dim = 8;
+    CacheCall short_seq = build(few, few_in, none);
+    expect_refused(short_seq, few_in, "sequence 0: 2 keys for 4 queries; with a rotary "
+                                      "embedding each query needs a position");
+  }
+}
+
+TEST_SUITE("cpu_kv_cache_queries") {
+  TEST_CASE("workspace: the rotated q's room, and a workspace too small is refused") {
+    const Case c = cache_case(BF16, 2, {4, 30}, 4, 2, 32, true);
+    const Inputs in = make_inputs(c);
+    CpuContext ctx;
+    CacheLayout l = paged(16, 1);
+    CacheCall plain = build(c, in, l);
+    l.rotary_dim = 32;
+    CacheCall rotary = build(c, in, l);
+    flashattn_options_t options = options_for(c, kFlash);
+    const auto size_of = [&](CacheCall& call) {
+      flashattn_args_t args;
+      flashattn_args_init(&args);
+      args.options = &options;
+      flashattn_tensor_t q = call.q.view(), k = call.k.view(), v = call.v.view();
+      flashattn_tensor_t lens = int_view(call.seqlens, c.batch, 0);
+      flashattn_tensor_t table = int_view(call.table, c.batch, call.pages_per_seq);
+      flashattn_tensor_t kn = call.k_new.view(), vn = call.v_new.view();
+      flashattn_tensor_t cos, sin;
+      args.q = &q;
+      args.k = &k;
+      args.v = &v;
+      args.cache_seqlens = &lens;
+      args.block_table = &table;
+      args.k_new = &kn;
+      args.v_new = &vn;
+      if (call.layout.rotary_dim > 0) {
+        cos = table_view(call.cos);
+        sin = table_view(call.sin);
+        args.rotary_cos = &cos;
+        args.rotary_sin = &sin;
+      }
+      CHECK(flashattn_supported_ex(ctx.get(), &args, 0) == FLASHATTN_SUCCESS);
+      size_t bytes = 0;
+      REQUIRE(flashattn_workspace_size_ex(&bytes, ctx.get(), &args, 0) == FLASHATTN_SUCCESS);
+      CHECK(flashattn_supported_ex(ctx.get(), &args, 1) == FLASHATTN_ERROR_UNSUPPORTED);
+      return bytes;
+    };
+    const size_t plain_bytes = size_of(plain), rotary_bytes = size_of(rotary);
+    // The rotated copy of q: 2 x 2 x 4 x 32 bf16 elements, 1024 bytes.
+    CHECK(rotary_bytes == plain_bytes + 1024);
+    const CacheResult ok =
+        run_cache(ctx.get(), rotary, in, kFlash, static_cast<int64_t>(rotary_bytes));
+    CHECK_MESSAGE(ok.status == FLASHATTN_SUCCESS, ok.message);
+    CacheCall again = build(c, in, l);
+    const CacheResult small =
+        run_cache(ctx.get(), again, in, kFlash, static_cast<int64_t>(rotary_bytes - 256));
+    CHECK(small.status == FLASHATTN_ERROR_WORKSPACE_TOO_SMALL);
+  }
+}
