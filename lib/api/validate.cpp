@@ -869,8 +869,8 @@ Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
     expect_dim(cv, 0, cq, 0, kind);
   }
   expect_dim(ck, hd, cq, hd, kind);
-  expect_dim(cv, rows, ck, rows, kind);
-  expect_dim(cv, heads, ck, heads, kind);
+  expect_dim(cv, rows, ck, rows, kv_kind);
+  expect_dim(cv, heads, ck, heads, kv_kind);
   for (const CheckedView* c : {&cq, &cv}) {
     if (c->view->shape[hd] > kMaxHeadDim) {
       fail(FLASHATTN_ERROR_INVALID_SHAPE, "%s: head_dim %lld exceeds the maximum %lld", c->name,

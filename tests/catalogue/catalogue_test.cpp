@@ -139,9 +139,13 @@ float parse_float(const std::string& s) {
 const char* const kTensorNames[] = {"q",     "k",     "v",      "out",          "lse",
                                     "dout",  "dq",    "dk",     "dv",           "alibi_slopes",
                                     "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k",
-                                    "parts_out", "parts_lse"};
-constexpr int kNumTensors = 16;
-enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CU_Q, CU_K, PARTS_OUT, PARTS_LSE };
+                                    "parts_out", "parts_lse", "cache_seqlens", "block_table",
+                                    "k_new", "v_new", "rotary_cos", "rotary_sin"};
+constexpr int kNumTensors = 22;
+enum {
+  Q, K, V, OUT, LSE, DOUT, DQ, DK, DV, ALIBI, SINKS, DSINKS, CU_Q, CU_K, PARTS_OUT, PARTS_LSE,
+  CACHE_SEQLENS, BLOCK_TABLE, K_NEW, V_NEW, ROTARY_COS, ROTARY_SIN
+};
 
 // The _ex ops take the plain op's views and the variant tensors through a flashattn_args_t.
 bool is_ex(const std::string& op) { return op.size() > 3 && op.compare(op.size() - 3, 3, "_ex") == 0; }
@@ -174,6 +178,12 @@ struct Fixture {
   static constexpr int32_t kOffsetsK[3] = {0, 48, 96};
   // The merge's parts: three parts of out's and lse's shapes, one after another.
   static constexpr int64_t kParts = 3;
+  // The KV cache form (FORMAT.md): four query tokens, 40 and 44 tokens held, four appended,
+  // six pages of 16 rows, rotary tables of 48 positions over all 32 features.
+  static constexpr int64_t kCacheQueries = 4, kNew = 4, kPageRows = 16, kPages = 6;
+  static constexpr int64_t kPagesPerSeq = 3, kPositions = 48;
+  static constexpr int32_t kCacheSeqlens[2] = {40, 44};
+  static constexpr int32_t kBlockTable[6] = {0, 1, 2, 3, 4, 5};
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
@@ -206,6 +216,7 @@ struct Fixture {
     std::vector<int> tensors;
     for (int t = 0; t < ALIBI; ++t) tensors.push_back(t);
     for (int t = ALIBI; is_ex(op) && t <= CU_K; ++t) tensors.push_back(t);
+    for (int t = CACHE_SEQLENS; is_ex(op) && t <= ROTARY_SIN; ++t) tensors.push_back(t);
     if (merge) tensors.insert(tensors.end(), {PARTS_OUT, PARTS_LSE});
     for (int t : tensors) {
       const bool like_k = t == K || t == V || t == DK || t == DV;
@@ -217,6 +228,10 @@ struct Fixture {
       if (t == CU_Q || t == CU_K) bytes = size_t(B + 1) * 4;
       if (t == PARTS_OUT) bytes = size_t(kParts * B * NQ * HQ * D) * 4;
       if (t == PARTS_LSE) bytes = size_t(kParts * B * HQ * NQ) * 4;
+      if (t == CACHE_SEQLENS) bytes = size_t(B) * 4;
+      if (t == BLOCK_TABLE) bytes = size_t(B * kPagesPerSeq) * 4;
+      if (t == K_NEW || t == V_NEW) bytes = size_t(B * kNew * HKV * D) * 4;
+      if (t == ROTARY_COS || t == ROTARY_SIN) bytes = size_t(kPositions * D / 2) * 4;
       sizes[t] = bytes;
       if (flashattn_buffer_create(&bufs[t], ctx, bytes) != FLASHATTN_SUCCESS ||
           flashattn_buffer_data(&data, bufs[t]) != FLASHATTN_SUCCESS) {
@@ -228,6 +243,14 @@ struct Fixture {
         st = flashattn_tensor_lse(&views[t], data, B, HQ, NQ);
       } else if (t == PARTS_OUT) {
         st = flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B, NQ, HQ, D);
+      } else if (t == K_NEW || t == V_NEW) {
+        st = flashattn_tensor_4d(&views[t], data, FLASHATTN_DTYPE_FLOAT32, B, kNew, HKV, D);
+      } else if (t == CACHE_SEQLENS) {
+        views[t] = matrix_view(data, FLASHATTN_DTYPE_INT32, B, 0);
+      } else if (t == BLOCK_TABLE) {
+        views[t] = matrix_view(data, FLASHATTN_DTYPE_INT32, B, kPagesPerSeq);
+      } else if (t == ROTARY_COS || t == ROTARY_SIN) {
+        views[t] = matrix_view(data, FLASHATTN_DTYPE_FLOAT32, kPositions, D / 2);
       } else if (t >= ALIBI) {
         flashattn_tensor_t& v = views[t];
         v = flashattn_tensor_t{};
@@ -241,7 +264,8 @@ struct Fixture {
                                  like_k ? HKV : HQ, D);
       }
       if (st != FLASHATTN_SUCCESS) throw std::runtime_error(flashattn_last_error());
-      present[t] = t < ALIBI || t >= PARTS_OUT;  // the variant tensors are given by a mutation
+      // The variant and cache tensors are given by a mutation.
+      present[t] = t < ALIBI || t == PARTS_OUT || t == PARTS_LSE;
     }
     if (flashattn_args_init(&args) != FLASHATTN_SUCCESS) throw std::runtime_error("args_init");
     if (flashattn_merge_args_init(&merge_args) != FLASHATTN_SUCCESS) {
@@ -274,6 +298,8 @@ struct Fixture {
         std::memset(bytes.data(), 0xA5, bytes.size());
       } else if (t == CU_Q || t == CU_K) {
         std::memcpy(bytes.data(), t == CU_Q ? kOffsetsQ : kOffsetsK, bytes.size());
+      } else if (t == CACHE_SEQLENS || t == BLOCK_TABLE) {
+        std::memcpy(bytes.data(), t == CACHE_SEQLENS ? kCacheSeqlens : kBlockTable, bytes.size());
       } else {
         const float half = 0.5f;
         for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &half, 4);
@@ -331,6 +357,16 @@ struct Fixture {
     if (lhs == "varlen") {
       if (rhs != "1") throw std::runtime_error("varlen takes only 1");
       make_varlen();
+      return;
+    }
+    if (lhs == "cache" || lhs == "paged") {
+      if (rhs != "1") throw std::runtime_error(lhs + " takes only 1");
+      if (bufs[CACHE_SEQLENS] == nullptr) throw std::runtime_error(lhs + " needs an _ex op");
+      lhs == "cache" ? make_cache() : make_paged();
+      return;
+    }
+    if (lhs == "args.rotary_interleaved") {
+      args.rotary_interleaved = parse_int(rhs);
       return;
     }
     if (lhs == "args.size") {
@@ -488,6 +524,41 @@ struct Fixture {
     args.max_seqlen_k = NK;
   }
 
+  // The KV cache form: four query tokens against the contiguous cache that k and v are.
+  void make_cache() {
+    views[Q].shape[1] = views[OUT].shape[1] = kCacheQueries;
+    for (int t : {Q, OUT}) views[t].strides[0] = kCacheQueries * HQ * D;
+    flashattn_tensor_t& l = views[LSE];
+    l.shape[2] = kCacheQueries;
+    l.strides[0] = HQ * kCacheQueries;
+    l.strides[1] = kCacheQueries;
+    present[CACHE_SEQLENS] = true;
+  }
+
+  // The paged form of the cache: k and v as six pages of 16 rows over the same buffers.
+  void make_paged() {
+    for (int t : {K, V}) {
+      views[t].shape[0] = kPages;
+      views[t].shape[1] = kPageRows;
+      views[t].strides[0] = kPageRows * HKV * D;
+    }
+    present[BLOCK_TABLE] = true;
+  }
+
+  // A rank-1 ([rows], cols 0) or rank-2 ([rows, cols]) contiguous view.
+  static flashattn_tensor_t matrix_view(void* data, flashattn_dtype_t dtype, int64_t rows,
+                                        int64_t cols) {
+    flashattn_tensor_t v{};
+    v.data = data;
+    v.dtype = dtype;
+    v.rank = cols == 0 ? 1 : 2;
+    v.shape[0] = rows;
+    v.strides[0] = cols == 0 ? 1 : cols;
+    v.shape[1] = cols;
+    v.strides[1] = cols == 0 ? 0 : 1;
+    return v;
+  }
+
   const flashattn_args_t* args_ptr() {
     if (!args_present) return nullptr;
     args.options = options_ptr();
@@ -496,6 +567,10 @@ struct Fixture {
         &args.dout, &args.dq, &args.dk, &args.dv,        &args.alibi_slopes,
         &args.sinks, &args.dsinks, &args.cu_seqlens_q,  &args.cu_seqlens_k};
     for (int t = 0; t <= CU_K; ++t) *fields[t] = view(t);  // the merge's parts are not args
+    const flashattn_tensor_t** cache_fields[] = {&args.cache_seqlens, &args.block_table,
+                                                 &args.k_new,         &args.v_new,
+                                                 &args.rotary_cos,    &args.rotary_sin};
+    for (int t = CACHE_SEQLENS; t <= ROTARY_SIN; ++t) *cache_fields[t - CACHE_SEQLENS] = view(t);
     return &args;
   }
 
@@ -649,7 +724,9 @@ TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
   // Without this, a case could pass for a reason other than its mutation. The _ex ops also with
   // every variant tensor given, and in the variable-length form.
   const char* const variants[] = {"", "alibi_slopes=given;sinks=given;dsinks=given",
-                                  "varlen=1",
+                                  "varlen=1", "cache=1", "cache=1;paged=1",
+                                  "cache=1;paged=1;k_new=given;v_new=given;rotary_cos=given;"
+                                  "rotary_sin=given;args.rotary_interleaved=1;sinks=given",
                                   "varlen=1;alibi_slopes=given;sinks=given;dsinks=given;"
                                   "alibi_slopes.rank=2;alibi_slopes.shape[0]=2;"
                                   "alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"};
@@ -666,6 +743,9 @@ TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
     for (const char* mutations : lines) {
       if (!is_ex(op) && std::string(op) != "merge" && mutations[0] != '\0') continue;
       for (int backward : {0, 1}) {
+        // The KV cache is forward only: its backward forms are catalogue lines.
+        const bool cache_form = std::strstr(mutations, "cache=1") != nullptr;
+        if (cache_form && (backward == 1 || std::string(op) == "backward_ex")) continue;
         INFO("op " << std::string(op) << " backward=" << backward << " " << mutations);
         Fixture f(op);
         f.fill(op);

@@ -555,12 +555,19 @@ pub struct flashattn_args {
     pub cu_seqlens_k: *const flashattn_tensor_t,
     pub max_seqlen_q: i64,
     pub max_seqlen_k: i64,
+    pub cache_seqlens: *const flashattn_tensor_t,
+    pub block_table: *const flashattn_tensor_t,
+    pub k_new: *const flashattn_tensor_t,
+    pub v_new: *const flashattn_tensor_t,
+    pub rotary_cos: *const flashattn_tensor_t,
+    pub rotary_sin: *const flashattn_tensor_t,
+    pub rotary_interleaved: i64,
 }
 #[test]
 fn bindgen_test_layout_flashattn_args() {
     assert_eq!(
         ::std::mem::size_of::<flashattn_args>(),
-        144usize,
+        200usize,
         concat!("Size of: ", stringify!(flashattn_args))
     );
     assert_eq!(
@@ -874,6 +881,125 @@ fn bindgen_test_layout_flashattn_args() {
         );
     }
     test_field_max_seqlen_k();
+    fn test_field_cache_seqlens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).cache_seqlens) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(cache_seqlens)
+            )
+        );
+    }
+    test_field_cache_seqlens();
+    fn test_field_block_table() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).block_table) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(block_table)
+            )
+        );
+    }
+    test_field_block_table();
+    fn test_field_k_new() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_new) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(k_new)
+            )
+        );
+    }
+    test_field_k_new();
+    fn test_field_v_new() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_new) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(v_new)
+            )
+        );
+    }
+    test_field_v_new();
+    fn test_field_rotary_cos() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rotary_cos) as usize - ptr as usize
+            },
+            176usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(rotary_cos)
+            )
+        );
+    }
+    test_field_rotary_cos();
+    fn test_field_rotary_sin() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rotary_sin) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(rotary_sin)
+            )
+        );
+    }
+    test_field_rotary_sin();
+    fn test_field_rotary_interleaved() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rotary_interleaved) as usize - ptr as usize
+            },
+            192usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_args),
+                "::",
+                stringify!(rotary_interleaved)
+            )
+        );
+    }
+    test_field_rotary_interleaved();
 }
 pub type flashattn_args_t = flashattn_args;
 extern "C" {
