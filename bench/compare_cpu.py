@@ -34,8 +34,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_sdpa import (ALGO_FLASH, BACKEND_CPU, DTYPE_BF16, DTYPE_F16, DTYPE_F32, Call,  # noqa: E402
-                          Context, Lib, Progress, tensor_view)
+from compare_sdpa import (ALGO_FLASH, BACKEND_CPU, DTYPE_BF16, DTYPE_F16, DTYPE_F32, Args,  # noqa: E402
+                          Call, Context, Lib, Progress, tensor_view)
 
 FORWARD_FLOP_MULT = 1.0
 FWDBWD_FLOP_MULT = 3.5  # backward = 2.5 forwards of matrix work
@@ -56,6 +56,12 @@ def parse_args():
     ap.add_argument("--repeats", type=int, default=3, help="timed calls of each, interleaved")
     ap.add_argument("--quick", action="store_true", help="seqlen 1024 only, 2 repeats")
     ap.add_argument("--json", help="write the records here")
+    ap.add_argument("--decode", action="store_true",
+                    help="one query token against a KV cache instead (see --decode-shapes)")
+    ap.add_argument("--decode-shapes", default="1x4096,1x16384,4x4096,8x2048",
+                    help="BxN: batch entries and keys per sequence, one query token each")
+    ap.add_argument("--decode-heads", default="32/8", help="query heads / KV heads")
+    ap.add_argument("--decode-dim", type=int, default=128)
     args = ap.parse_args()
     # "all": the CPUs this process may run on (a container or taskset may allow fewer than exist)
     all_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -75,6 +81,115 @@ def parse_args():
     return args
 
 
+DECODE_LAYOUTS = ("plain", "cache", "paged16", "paged64")
+
+
+def run_decode(args, lib, ctx, torch, F, cpu_name):
+    """One query token per sequence (a decode step), ours in four layouts beside torch.
+
+    plain: flashattn_forward_ex over k, v [B, N, Hkv, D]; cache: the same tensors as a
+    contiguous KV cache holding N tokens (cache_seqlens); paged16, paged64: the same tokens in
+    pages of 16 and 64 rows in a shuffled order (block_table). torch: SDPA with enable_gqa on
+    q [B, Hq, 1, D], k, v [B, Hkv, N, D]. GB/s: the bytes of K and V over the time (every key is
+    read once per step, which is what bounds a decode step).
+    """
+    hq, hkv = (int(x) for x in args.decode_heads.split("/"))
+    D = args.decode_dim
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.decode_shapes.split(",")]
+    tdtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    cdtypes = {"fp32": DTYPE_F32, "bf16": DTYPE_BF16, "fp16": DTYPE_F16}
+    print(f"compare_cpu --decode: {cpu_name}, torch {torch.__version__}, libflashattn "
+          f"{lib.version()}; one query token, {hq}/{hkv} heads, d{D}; median of "
+          f"{args.repeats} interleaved calls; load average {os.getloadavg()[0]:.2f}\n")
+    print("| threads | dtype | B | N | " + " | ".join(f"{l} GB/s" for l in DECODE_LAYOUTS) +
+          " | torch GB/s | cache / torch | max abs diff |")
+    print("|---|---|---|---|" + "---|" * (len(DECODE_LAYOUTS) + 3))
+    records = []
+    keep = []  # views and arrays the calls point into, alive until the calls are done
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        lib.check(lib.so.flashattn_context_set_num_threads(ctx.handle, threads), "set_num_threads")
+        for dtype_name in args.dtypes:
+            dtype, cdt = tdtypes[dtype_name], cdtypes[dtype_name]
+            for B, N in shapes:
+                g = torch.Generator().manual_seed(4321)
+                q = torch.randn(B, 1, hq, D, generator=g).to(dtype)
+                k, v = (torch.randn(B, N, hkv, D, generator=g).to(dtype) for _ in range(2))
+                outs = {l: torch.empty(B, 1, hq, D, dtype=dtype) for l in DECODE_LAYOUTS}
+                lengths = torch.full((B,), N, dtype=torch.int32)
+
+                def view(t, dt=cdt):
+                    return tensor_view(t.data_ptr(), dt, list(t.shape), list(t.stride()))
+
+                def paged(rows):
+                    pages_per_seq = -(-N // rows)
+                    perm = torch.randperm(B * pages_per_seq, generator=g)
+                    kp = torch.zeros(B * pages_per_seq, rows, hkv, D, dtype=dtype)
+                    vp = torch.zeros_like(kp)
+                    table = perm.reshape(B, pages_per_seq).to(torch.int32).contiguous()
+                    for b in range(B):
+                        for j in range(pages_per_seq):
+                            n = min(rows, N - j * rows)
+                            kp[table[b, j]][:n] = k[b, j * rows:j * rows + n]
+                            vp[table[b, j]][:n] = v[b, j * rows:j * rows + n]
+                    return kp, vp, table
+
+                calls = {}
+                for layout in DECODE_LAYOUTS:
+                    a = Args()
+                    lib.check(lib.so.flashattn_args_init_sized(ctypes.byref(a), ctypes.sizeof(a)),
+                              "args_init")
+                    kk, vv, table = k, v, None
+                    if layout.startswith("paged"):
+                        kk, vv, table = paged(int(layout[5:]))
+                    views = [view(q), view(kk), view(vv), view(outs[layout])]
+                    a.q, a.k, a.v, a.out = (ctypes.addressof(t) for t in views)
+                    if layout != "plain":
+                        views.append(view(lengths, 16))
+                        a.cache_seqlens = ctypes.addressof(views[-1])
+                    if table is not None:
+                        views.append(view(table, 16))
+                        a.block_table = ctypes.addressof(views[-1])
+                    keep.append((views, kk, vv, table, a))
+                    calls[layout] = a
+
+                def ours(layout):
+                    a = calls[layout]
+                    return lambda: lib.check(
+                        lib.so.flashattn_forward_ex(ctx.handle, ctypes.byref(a), None, 0), layout)
+
+                qh, kh, vh = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), \
+                    v.transpose(1, 2).contiguous()
+
+                def torch_fn():
+                    with torch.no_grad():
+                        return F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+
+                fns = {l: ours(l) for l in DECODE_LAYOUTS}
+                fns["torch"] = torch_fn
+                times = {name: [] for name in fns}
+                for fn in fns.values():
+                    fn()  # warm-up
+                for _ in range(args.repeats):
+                    for name, fn in fns.items():
+                        start = time.perf_counter()
+                        fn()
+                        times[name].append(time.perf_counter() - start)
+                kv_bytes = 2 * B * N * hkv * D * q.element_size()
+                gbs = {name: kv_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
+                ref = torch_fn().transpose(1, 2).float()
+                diff = max(float((outs[l].float() - ref).abs().max()) for l in DECODE_LAYOUTS)
+                print(f"| {threads} | {dtype_name} | {B} | {N} | " +
+                      " | ".join(f"{gbs[l]:.1f}" for l in DECODE_LAYOUTS) +
+                      f" | {gbs['torch']:.1f} | {gbs['cache'] / gbs['torch']:.2f} | {diff:.2g} |",
+                      flush=True)
+                records.append({"threads": threads, "dtype": dtype_name, "batch": B, "seqlen_k": N,
+                                "heads_q": hq, "heads_kv": hkv, "head_dim": D,
+                                "seconds": times, "gb_per_s": gbs, "max_abs_diff": diff,
+                                "load_average": os.getloadavg()[0]})
+    return records
+
+
 def main():
     args = parse_args()
     try:
@@ -88,6 +203,20 @@ def main():
     lib.so.flashattn_context_set_num_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.so.flashattn_context_set_num_threads.restype = ctypes.c_int
     ctx = Context(lib, BACKEND_CPU)
+    if args.decode:
+        cpu_name = "unknown CPU"
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu_name = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+        records = run_decode(args, lib, ctx, torch, F, cpu_name)
+        ctx.close()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"cpu": cpu_name, "torch": torch.__version__, "records": records}, f,
+                          indent=1)
+        return
     tdtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     cdtypes = {"fp32": DTYPE_F32, "bf16": DTYPE_BF16, "fp16": DTYPE_F16}
 

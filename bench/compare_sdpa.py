@@ -72,6 +72,20 @@ class Options(ctypes.Structure):
     ]
 
 
+# flashattn_args_t of this header, every field (the KV cache's last): what forward_ex takes.
+# Filled by flashattn_args_init_sized with its own size, so a library that knows fewer fields
+# refuses it by name rather than misreading it.
+class Args(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("options", ctypes.c_void_p)] + [
+        (name, ctypes.c_void_p) for name in (
+            "q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks",
+            "dsinks", "cu_seqlens_q", "cu_seqlens_k")] + [
+        ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64)] + [
+        (name, ctypes.c_void_p) for name in (
+            "cache_seqlens", "block_table", "k_new", "v_new", "rotary_cos", "rotary_sin")] + [
+        ("rotary_interleaved", ctypes.c_int64)]
+
+
 class FlashattnError(RuntimeError):
     def __init__(self, status, message):
         super().__init__(message)
@@ -101,6 +115,11 @@ class Lib:
         so.flashattn_backward.argtypes = [ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
                                           P(Tensor), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
                                           P(Tensor), P(Options), ctypes.c_void_p, ctypes.c_size_t]
+        so.flashattn_args_init_sized.argtypes = [P(Args), ctypes.c_size_t]
+        so.flashattn_forward_ex.argtypes = [ctypes.c_void_p, P(Args), ctypes.c_void_p,
+                                            ctypes.c_size_t]
+        for name in ("flashattn_args_init_sized", "flashattn_forward_ex"):
+            getattr(so, name).restype = ctypes.c_int
         for name in ("flashattn_context_create", "flashattn_context_destroy",
                      "flashattn_context_set_stream", "flashattn_context_synchronize",
                      "flashattn_options_init", "flashattn_supported", "flashattn_workspace_size",

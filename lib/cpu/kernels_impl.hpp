@@ -489,6 +489,9 @@ inline QTileItem q_tile_item(const Problem& p, const VariantViews& v, const Plan
 // tile sees are visited.
 
 struct QueryTile {
+  int64_t h;          // its query head
+  Logits lg;          // that head's logits
+  Sink sink;          // and sink
   int64_t i0;         // first row (in the sequence)
   int rows;           // rows in the tile
   int rows_p;         // rows rounded up to whole vectors (extra columns are zero queries)
@@ -546,21 +549,25 @@ void flash_forward_tile(const Mask& mask, const Logits& lg, QueryTile& q, const 
               dvp, true);
 }
 
+// One work item: `head_group` query heads of one KV group times `query_group` query tiles of
+// each, sharing every K/V tile load (packed once for all of them: for a decode step, one row
+// per head, that is the whole cost).
 template <class E>
 void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
   const Problem& p = a.problem;
   const int64_t group = pl.query_group;
+  const int64_t heads = pl.head_group;
   const int64_t blocks = ceil_div(pl.tiles_q, group);
+  const int64_t head_blocks = p.heads_q / heads;
   const int64_t bh = item / blocks;
-  const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group_size();
+  const int64_t b = bh / head_blocks, h0 = (bh % head_blocks) * heads, hk = h0 / p.group_size();
   const Seq seq = seq_of(p, a.variants, b);
   const int64_t first_tile = (blocks - 1 - item % blocks) * group;  // heavy (late) rows first
   const int64_t seq_tiles = ceil_div(seq.len_q, kBlockQ);
   if (first_tile >= seq_tiles) return;  // a shorter sequence of a variable-length batch
-  const int ntiles = static_cast<int>(std::min<int64_t>(group, seq_tiles - first_tile));
+  const int head_tiles = static_cast<int>(std::min<int64_t>(group, seq_tiles - first_tile));
+  const int ntiles = static_cast<int>(heads) * head_tiles;
   const Mask mask(p, seq);
-  const Logits lg = logits_of(p, a.variants, seq, b, h);
-  const Sink sink = sink_of(a.variants, h);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
@@ -573,7 +580,10 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   int64_t key_begin = seq.len_k, key_end = 0;
   for (int s = 0; s < ntiles; ++s) {
     QueryTile& q = tiles[s];
-    q.i0 = (first_tile + s) * kBlockQ;
+    q.h = h0 + s / head_tiles;
+    q.lg = logits_of(p, a.variants, seq, b, q.h);
+    q.sink = sink_of(a.variants, q.h);
+    q.i0 = (first_tile + s % head_tiles) * kBlockQ;
     q.rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - q.i0));
     q.rows_p = vec_round(q.rows);
     q.key_begin = mask.key_begin(q.i0);
@@ -582,7 +592,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     q.O = t.at(pl.t_o) + s * kBlockQ * dvp;
     q.m = t.at(pl.t_m) + s * kBlockQ;
     q.l = t.at(pl.t_l) + s * kBlockQ;
-    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, seq.q_begin + q.i0, q.rows, q.rows_p, h, d,
+    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, seq.q_begin + q.i0, q.rows, q.rows_p, q.h, d,
                        p.scale * kLog2e);
     std::fill(q.O, q.O + static_cast<size_t>(q.rows) * dvp, 0.0f);
     std::fill(q.m, q.m + q.rows_p, kNegInf);
@@ -606,15 +616,16 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kBlockK, next, hk, dv, pages);
     }
     for (int s = 0; s < ntiles; ++s) {
-      const QueryTile& q = tiles[s];
+      QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
-      flash_forward_tile(mask, lg, tiles[s], K, V, j0, n, d, dp, dvp, St);
+      flash_forward_tile(mask, q.lg, q, K, V, j0, n, d, dp, dvp, St);
     }
   }
 
   for (int s = 0; s < ntiles; ++s) {
     const QueryTile& q = tiles[s];
+    const int64_t h = q.h;
     for (int r = 0; r < q.rows; ++r) {
       const int64_t i = seq.q_begin + q.i0 + r;
       // l is 0 only for a row that sees no key: output 0, LSE -inf (a sink notwithstanding).
@@ -624,9 +635,9 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
         if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = kNegInf;
         continue;
       }
-      const float shift = sink.shift(q.m[r]);
-      const float key_scale = sink.present ? std::exp2(q.m[r] - shift) : 1.0f;
-      const float total = q.l[r] * key_scale + sink.term(shift);
+      const float shift = q.sink.shift(q.m[r]);
+      const float key_scale = q.sink.present ? std::exp2(q.m[r] - shift) : 1.0f;
+      const float total = q.l[r] * key_scale + q.sink.term(shift);
       store_row<E>(out_row<E>(a.out, b, i, h), q.O + r * dvp, dv, key_scale / total);
       if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = natural_lse(shift, total);
     }
@@ -719,7 +730,8 @@ void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& p
   const Problem& p = a.problem;
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   if (p.algorithm == Algorithm::Flash) {
-    const int64_t items = p.batch * p.heads_q * ceil_div(pl.tiles_q, pl.query_group);
+    const int64_t items =
+        p.batch * (p.heads_q / pl.head_group) * ceil_div(pl.tiles_q, pl.query_group);
     pool.parallel_for(
         items, [&](int64_t item, int worker) { flash_forward_item<E>(a, pl, ws, item, worker); });
     return;

@@ -87,9 +87,21 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     // leaving at least four items per thread. Grouping changes no result: every query tile is
     // computed the same way whichever item it is in.
     const int64_t tiles = B * Hq * plan.tiles_q;
+    const int64_t min_items = 4 * static_cast<int64_t>(plan.threads);
     plan.query_group = std::max<int64_t>(
-        1, std::min<int64_t>({kMaxQueryGroup, plan.tiles_q, tiles / (4 * plan.threads)}));
-    const int64_t g = plan.query_group;
+        1, std::min<int64_t>({kMaxQueryGroup, plan.tiles_q, tiles / min_items}));
+    // Where a head has fewer tiles than an item takes (few query rows: a decode step), the
+    // query heads of one KV group fill the item instead, each K/V tile then serving them all:
+    // the largest divisor of the group that the tile budget and the items per thread allow.
+    const int64_t group_heads = p.group_size();
+    for (int64_t hg = group_heads; hg > 1; --hg) {
+      if (group_heads % hg == 0 && hg * plan.query_group <= kMaxQueryGroup &&
+          tiles / (hg * plan.query_group) >= min_items) {
+        plan.head_group = hg;
+        break;
+      }
+    }
+    const int64_t g = plan.query_group * plan.head_group;
     plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
     plan.t_kt = thread.take(k_tile, "K tile");
     plan.t_v = thread.take(v_tile, "V tile");

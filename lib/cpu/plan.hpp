@@ -38,7 +38,9 @@ struct Plan {
   // batch x heads.
   int64_t slice_groups = 1;
   int64_t slice_rows = 0;
-  int64_t query_group = 1;  // flash forward: query tiles per work item (at most kMaxQueryGroup)
+  int64_t query_group = 1;  // flash forward: query tiles per work item and head
+  int64_t head_group = 1;   // flash forward: query heads of one KV group per work item (it
+                            // divides the group; head_group * query_group <= kMaxQueryGroup)
 
   // Shared regions (fp32). "Rows" are the Hq * total_q query rows of the batch, in the order
   // of cpu/sequences.hpp's scratch_row ([B, Hq, Nq] for a fixed-length batch).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/harness.hpp"
+#include "cpu/plan.hpp"
 
 using namespace flashattn_test;
 
@@ -334,6 +335,38 @@ CacheLayout contiguous(int64_t n_new = 0, int64_t capacity = 0) {
 }  // namespace
 
 TEST_SUITE("cpu_kv_cache") {
+  TEST_CASE("decode shapes: a KV group's query heads share each K/V tile, against the reference") {
+    // One token (and three) over 8 query heads in groups of 4: the plan puts a group's heads in
+    // one work item at 2 threads; every variant that differs per head (ALiBi slopes, sinks)
+    // must follow its own head there.
+    flashattn::Problem p;
+    p.batch = 4;
+    p.seqlen_q = 1;
+    p.seqlen_k = 100;
+    p.heads_q = 8;
+    p.heads_kv = 2;
+    p.head_dim = p.head_dim_v = 40;
+    p.total_q = 4;
+    p.total_k = 400;
+    CHECK(flashattn::cpu::make_plan(p, false, 2).head_group == 4);
+    p.heads_kv = 8;  // no groups: nothing to share
+    CHECK(flashattn::cpu::make_plan(p, false, 2).head_group == 1);
+    for (flashattn_dtype_t dtype : {F32, BF16}) {
+      for (int64_t nq : {1, 3}) {
+        Case c = shaped_case(dtype, 4, nq, 100, 8, 2, 40, nq > 1, 77 + nq);
+        c.alibi = Slopes::PerBatchHead;
+        c.sinks = true;
+        c.softcap = 4.0f;
+        check_forward(c);
+        Case windowed = shaped_case(dtype, 4, nq, 100, 8, 2, 40, true, 91 + nq);
+        windowed.window = true;
+        windowed.window_left = 30;
+        windowed.window_right = 0;
+        check_forward(windowed);
+      }
+    }
+  }
+
   TEST_CASE("a cached forward is the variable-length forward over its tokens, bit for bit") {
     // Lengths of 0 and 1, past a tile, not multiples of any page; one token (decode) and three.
     for (flashattn_dtype_t dtype : {F32, F16, BF16}) {

@@ -182,25 +182,27 @@ TEST_SUITE("cpu_variants_window") {
 
   TEST_CASE("a narrow window visits only the key tiles it sees (work grows with the window)") {
     // 4096 queries and keys, a window of 65 keys: each 64-row query tile sees 160 keys, 3 of the
-    // 64 key tiles. Timed against the full problem: at least 4x faster (about 20x fewer blocks;
-    // measured 8x on 2 cores, where packing the query tiles costs the same in both).
+    // 64 key tiles. Against the full problem: about 20x fewer blocks, measured 8x faster on 2
+    // cores (packing the query tiles costs the same in both). The check asks for 2x, the best
+    // of five calls each, taken in turn, so that a machine busy with other work (a parallel
+    // test run) cannot fail it, while a kernel visiting every tile (about 1x) still does.
     Case full = make(F32, 1, 4096, 4096, 1, 1, 64);
     const Case narrow = windowed(full, 32, 32);
     CpuContext ctx(1);
     const Inputs in = make_inputs(full);
     const auto seconds = [&](const Case& c) {
-      double best = 1e30;
-      for (int rep = 0; rep < 3; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_FLASH, false);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      return best;
+      const auto t0 = std::chrono::steady_clock::now();
+      run_forward(ctx.get(), c, in, FLASHATTN_ALGORITHM_FLASH, false);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
-    const double t_full = seconds(full), t_narrow = seconds(narrow);
+    double t_full = 1e30, t_narrow = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      t_full = std::min(t_full, seconds(full));
+      t_narrow = std::min(t_narrow, seconds(narrow));
+    }
     MESSAGE("forward, 4096 x 4096: " << t_full * 1e3 << " ms full, " << t_narrow * 1e3
                                      << " ms with a window of 65 keys");
-    CHECK(t_narrow * 4 < t_full);
+    CHECK(t_narrow * 2 < t_full);
   }
 }
 
