@@ -220,10 +220,9 @@ void CudaBackend::check_supported(const Problem& p, bool backward) const {
     fail(FLASHATTN_ERROR_UNSUPPORTED,
          "the CUDA backend computes in float16 and bfloat16; float32 runs on the CPU backend");
   }
-  if (p.kv_cache != KvCache::None) {
+  if (p.kv_cache != KvCache::None && p.algorithm == Algorithm::Standard) {
     fail(FLASHATTN_ERROR_UNSUPPORTED,
-         "the KV cache (cache_seqlens) runs on the CPU backend; the CUDA backend has no KV cache "
-         "path yet");
+         "standard algorithm: the KV cache (cache_seqlens) runs on the flash algorithm on CUDA");
   }
   if (p.algorithm == Algorithm::Flash) {
     const char* why = cuda::flash_unsupported_reason(p, backward, dev_);

@@ -55,6 +55,33 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// load_tile for rows that do not lie one stride apart (a paged KV cache whose pages are shorter
+// than the tile): row r of the tile from row_of(r), a callable giving its first element; rows
+// [0, rows_valid) (kFromRow: [rows_begin, rows_valid)) are read, the rest zero-filled.
+template <class Tile, int kThreads, bool kFromRow = false, class T, class RowOf>
+__device__ __forceinline__ void load_tile_rows(T* smem, const RowOf& row_of, int rows_valid,
+                                               int cols_valid, int tid, const T* any_valid,
+                                               int rows_begin = 0) {
+  constexpr int kRowStep = kThreads / 8;
+  static_assert(Tile::kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows split evenly");
+  const int row0 = tid / 8;
+  const int chunk = tid % 8;
+  const uint32_t s_base = smem_u32(smem) + (row0 * 64 + ((chunk ^ (row0 & 7)) << 3)) * 2;
+#pragma unroll
+  for (int i = 0; i < Tile::kRows / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const bool row_ok = row < rows_valid && (!kFromRow || row >= rows_begin);
+    const T* g = row_ok ? row_of(row) + chunk * 8 : any_valid;
+#pragma unroll
+    for (int cb = 0; cb < Tile::kColBlocks; ++cb) {
+      const int left = cols_valid - (cb * 64 + chunk * 8);
+      const int bytes = !row_ok ? 0 : (left >= 8 ? 16 : (left > 0 ? left * 2 : 0));
+      cp_async_16(s_base + (cb * Tile::kRows * 64 + i * kRowStep * 64) * 2,
+                  bytes > 0 ? static_cast<const void*>(g + cb * 64) : any_valid, bytes);
+    }
+  }
+}
+
 // Shared-memory byte addresses for ldmatrix on a swizzled tile. A lane's row r (r % 8 fixed),
 // its 8-column half h and the first 16-column group col16_0 of the warp's slice are set once;
 // the swizzled chunk then depends only on the group's parity mod 4, so four bases cover every

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/kv_rows.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/score_mod.cuh"
 #include "cuda/common/seqlen.cuh"
@@ -111,18 +112,31 @@ __global__ void __launch_bounds__(kThreads)
                           bytes > 0 ? static_cast<const void*>(src) : p.q, bytes);
     }
   }
-  const T* kg = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
-                head_kv * p.k_head_stride + int64_t(seq.offset_k) * p.k_row_stride;
-  const T* vg = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
-                head_kv * p.v_head_stride + int64_t(seq.offset_k) * p.v_row_stride;
+  // K and V rows: one stride apart, or through a paged cache's block table.
+  const common::KvRows<T> k_rows(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                 batch, head_kv, seq.offset_k);
+  const common::KvRows<T> v_rows(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                                 batch, head_kv, seq.offset_k);
   auto load_block = [&](int b, int stage) {
     const int n0 = b * kBlockN;
     T* sK = ring + stage * Cfg::kStageElems;
-    common::load_tile<TileKV, kThreads>(sK, kg + int64_t(n0) * p.k_row_stride, p.k_row_stride,
-                                        seq.seqlen_k - n0, p.head_dim, tid);
-    common::load_tile<TileKV, kThreads, true>(sK + TileKV::kElems,
-                                              vg + int64_t(n0) * p.v_row_stride, p.v_row_stride,
-                                              key_hi + 1 - n0, p.head_dim, tid, key_lo - n0);
+    T* sV = sK + TileKV::kElems;
+    const int k_valid = seq.seqlen_k - n0, v_valid = key_hi + 1 - n0, v_from = key_lo - n0;
+    // A block inside one page (always, when the pages hold whole blocks) is one strided tile.
+    if (k_rows.strided(n0, kBlockN)) {
+      common::load_tile<TileKV, kThreads>(sK, k_rows.row(n0), p.k_row_stride, k_valid,
+                                          p.head_dim, tid);
+      common::load_tile<TileKV, kThreads, true>(sV, v_rows.row(n0), p.v_row_stride, v_valid,
+                                                p.head_dim, tid, v_from);
+    } else {
+      const T* any_k = static_cast<const T*>(p.k);
+      const T* any_v = static_cast<const T*>(p.v);
+      common::load_tile_rows<TileKV, kThreads>(
+          sK, [&](int r) { return k_rows.row(n0 + r); }, k_valid, p.head_dim, tid, any_k);
+      common::load_tile_rows<TileKV, kThreads, true>(
+          sV, [&](int r) { return v_rows.row(n0 + r); }, v_valid, p.head_dim, tid, any_v,
+          v_from);
+    }
   };
   // The ring's first kStages - 1 blocks, a cp.async group each (Q in the first).
 #pragma unroll

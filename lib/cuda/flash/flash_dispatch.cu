@@ -13,6 +13,7 @@
 #include "cuda/common/bwd_repair.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/decode/decode.hpp"
+#include "cuda/kvcache/kv_cache.hpp"
 #include "cuda/flash/launchers.hpp"
 #include "cuda/sm80/bwd_config.cuh"
 #include "cuda/sm80/fwd_config.cuh"
@@ -201,6 +202,13 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
   if (p.head_dim_v != p.head_dim) {
     return "a head_dim of v that differs from q's is not implemented yet";
   }
+  // The decode kernel reads pages (common/kv_rows.cuh); the tiled kernels address K and V by
+  // strides (TMA on Hopper) and take contiguous caches only.
+  if (p.kv_cache == KvCache::Paged && !plan_decode(p, dev).applies) {
+    return "a paged KV cache is read by the decode path (query tokens x a KV group's heads at "
+           "most 16, every key visible to all of a sequence's queries or to none); more query "
+           "rows against pages are not implemented on CUDA yet (a contiguous cache is)";
+  }
   const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, p.head_dim))
                             : smem_of(choose(kFwdKernels, dev, p.dtype, p.head_dim));
   if (smem == 0) {
@@ -228,8 +236,9 @@ const char* flash_unsupported_layout(const BackwardArgs& a) {
 
 size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
   if (backward) return bwd_workspace(p).total;
-  const DecodePlan decode = plan_decode(p, dev);  // split keys need their partials
-  return decode.applies ? decode.workspace_bytes : 0;
+  // q's rotated copy (a KV cache with rotary tables) first, then the split keys' partials.
+  const DecodePlan decode = plan_decode(p, dev);
+  return rotated_q_bytes(p) + (decode.applies ? decode.workspace_bytes : 0);
 }
 
 namespace {
@@ -299,6 +308,24 @@ cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspac
   const Problem& pr = a.problem;
   FwdParams p{};
   fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse, a.variants);
+  fill_cache_params(p, pr, a.variants);
+  if (pr.kv_cache != KvCache::None) {
+    // The rows appended (and q rotated) first, on the same stream: the attention reads them.
+    const size_t rotated = rotated_q_bytes(pr);
+    if (workspace_size < rotated || (rotated > 0 && workspace == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+    const cudaError_t e = launch_cache_update(a, p, workspace, stream);
+    if (e != cudaSuccess) return e;
+    if (rotated > 0) {
+      p.q = workspace;
+      p.q_head_stride = pr.head_dim;
+      p.q_row_stride = pr.heads_q * pr.head_dim;
+      p.q_batch_stride = pr.seqlen_q * p.q_row_stride;
+      workspace = static_cast<char*>(workspace) + rotated;
+      workspace_size -= rotated;
+    }
+  }
   // A few query rows against many keys: the decode kernel (GQA-packed rows, split keys).
   const DecodePlan decode = plan_decode(pr, dev);
   if (decode.applies) {
@@ -308,6 +335,7 @@ cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspac
     }
     return launch_decode(p, pr.dtype, decode, workspace, stream);
   }
+  if (pr.kv_cache == KvCache::Paged) return cudaErrorNotSupported;  // refused before (above)
   const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
   if (k == nullptr) return cudaErrorNotSupported;
   const cudaError_t err = k->launch(p, launch_info(dev), stream);

@@ -30,7 +30,22 @@ struct VariantParams {
   int64_t total_q, total_k;  // rows of the packed tensors (variable-length batches)
 };
 
-struct FwdParams : VariantParams {
+// A KV cache, which only the forward reads (cache_seqlens null: none): sequence b's keys are
+// the first cache_seqlens[b] + seqlen_new rows of its cache (the rows appended by the call
+// included); seqlen_k is then the capacity. Paged (block_table not null): row n of sequence b
+// lies at row n % page_size of page block_table[b, n / page_size], and k's and v's batch
+// strides step from page to page.
+struct CacheParams {
+  const int* cache_seqlens;
+  int64_t cache_seqlens_stride;
+  int seqlen_new;
+  const int* block_table;
+  int64_t block_table_batch_stride, block_table_page_stride;
+  int page_size;
+};
+
+struct FwdParams : VariantParams, CacheParams {
+  static constexpr bool kHasCache = true;
   const void* q;
   const void* k;
   const void* v;
@@ -48,6 +63,7 @@ struct FwdParams : VariantParams {
 };
 
 struct BwdParams : VariantParams {
+  static constexpr bool kHasCache = false;  // the backward of a cache call is refused
   const void* q;
   const void* k;
   const void* v;
