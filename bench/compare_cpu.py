@@ -82,6 +82,7 @@ def parse_args():
 
 
 DECODE_LAYOUTS = ("plain", "cache", "paged16", "paged64")
+TORCH_SPIN_PAUSE_S = 0.05  # longer than libgomp's spin before its threads sleep
 
 
 def run_decode(args, lib, ctx, torch, F, cpu_name):
@@ -175,6 +176,10 @@ def run_decode(args, lib, ctx, torch, F, cpu_name):
                         start = time.perf_counter()
                         fn()
                         times[name].append(time.perf_counter() - start)
+                        if name == "torch":
+                            # torch's OpenMP threads spin for a while after a call: let them
+                            # sleep before the next of ours runs beside them.
+                            time.sleep(TORCH_SPIN_PAUSE_S)
                 kv_bytes = 2 * B * N * hkv * D * q.element_size()
                 gbs = {name: kv_bytes / statistics.median(t) / 1e9 for name, t in times.items()}
                 ref = torch_fn().transpose(1, 2).float()

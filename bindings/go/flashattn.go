@@ -9,6 +9,9 @@
 // Layout: q is [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_kv,
 // head_dim] (heads_q a multiple of heads_kv), the LSE [batch, heads_q, seqlen_q] float32. Host
 // data is []float32, or []uint16 holding float16 or bfloat16 bits (see Float16FromFloat32).
+// AttentionEx takes the variants (a sliding window, a softcap, ALiBi, sinks, variable-length
+// batches), AttentionKVCache a KV cache, contiguous or paged, that new rows are appended to;
+// ForwardEx both, over buffers.
 //
 // Contexts and buffers are released by Close (a finalizer does it for one that is forgotten).
 // A context is used by one goroutine at a time. Every failure is an error; one that the library
@@ -83,7 +86,7 @@ const (
 	Float32  DType = 1 // CPU backend only
 	Float16  DType = 2
 	BFloat16 DType = 3
-	Int32    DType = 16 // the offsets of a variable-length batch (CuSeqlensQ, CuSeqlensK)
+	Int32    DType = 16 // offsets of a variable-length batch, a KV cache's lengths and block table
 )
 
 func dtypeSize(t DType) int {
@@ -469,10 +472,11 @@ func (c *Context) query(q, k, v Tensor, opts *Options, backward, size bool) (int
 }
 
 // Args are the tensors of one call, as flashattn_args_t names them, for ForwardEx, BackwardEx,
-// SupportedEx and WorkspaceSizeEx: they take the variants that need tensors of their own.
-// ForwardEx reads Q, K, V and the variants and writes Out and LSE (nil: not wanted);
-// BackwardEx also reads Out, LSE and DOut and writes DQ, DK, DV and DSinks (nil: not wanted),
-// so one Args can serve a forward and then its backward. A nil tensor is NULL.
+// SupportedEx and WorkspaceSizeEx: they take the variants that need tensors of their own, and
+// the KV cache. ForwardEx reads Q, K, V and the variants and writes Out and LSE (nil: not
+// wanted), and K and V too when KNew appends rows to a cache; BackwardEx also reads Out, LSE and
+// DOut and writes DQ, DK, DV and DSinks (nil: not wanted), so one Args can serve a forward and
+// then its backward. A nil tensor is NULL.
 type Args struct {
 	Q, K, V, Out, LSE, DOut, DQ, DK, DV *Tensor
 	// AlibiSlopes: Float32 [HeadsQ] or [Batch, HeadsQ]; slope_h * |i + diag - j| is subtracted
@@ -487,15 +491,33 @@ type Args struct {
 	CuSeqlensQ, CuSeqlensK *Tensor
 	MaxSeqlenQ, MaxSeqlenK int
 	Options                *Options
+	// CacheSeqlens (forward only): Int32 [Batch], the tokens each sequence holds in K and V,
+	// which are then a KV cache (the header's "KV cache"): contiguous, [Batch, capacity,
+	// HeadsKV, HeadDim], or, with BlockTable (Int32 [Batch, pages per sequence]: the page of
+	// each block of page_size tokens), paged, [pages, page_size, HeadsKV, HeadDim]. The queries
+	// are each sequence's last tokens. nil: no cache.
+	CacheSeqlens, BlockTable *Tensor
+	// KNew, VNew: [Batch, N_new, HeadsKV, HeadDim] and [..., HeadDimV], written into the cache
+	// as tokens CacheSeqlens[b] onwards before attending (K and V are written in place;
+	// CacheSeqlens is not updated).
+	KNew, VNew *Tensor
+	// RotaryCos, RotarySin: [positions, R / 2] (Float32 or Q's dtype), a rotary embedding of
+	// the first R features of Q and KNew; RotaryInterleaved pairs features (2r, 2r + 1)
+	// (GPT-J) instead of (r, r + R / 2) (GPT-NeoX).
+	RotaryCos, RotarySin *Tensor
+	RotaryInterleaved    bool
 }
 
 func (a *Args) tensors() []*Tensor {
 	return []*Tensor{a.Q, a.K, a.V, a.Out, a.LSE, a.DOut, a.DQ, a.DK, a.DV, a.AlibiSlopes, a.Sinks,
-		a.DSinks, a.CuSeqlensQ, a.CuSeqlensK}
+		a.DSinks, a.CuSeqlensQ, a.CuSeqlensK, a.CacheSeqlens, a.BlockTable, a.KNew, a.VNew,
+		a.RotaryCos, a.RotarySin}
 }
 
+// argsNames are the C names of tensors(), in the order of capi's ArgTensor fields.
 var argsNames = []string{"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes",
-	"sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k"}
+	"sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens", "block_table", "k_new",
+	"v_new", "rotary_cos", "rotary_sin"}
 
 // withArgs builds a's flashattn_args_t in C memory and calls fn with it.
 func withArgs(a *Args, fn func(*capi.Args) error) error {
@@ -519,13 +541,16 @@ func withArgs(a *Args, fn func(*capi.Args) error) error {
 		return err
 	}
 	block.Args().MaxSeqlenQ, block.Args().MaxSeqlenK = int64(a.MaxSeqlenQ), int64(a.MaxSeqlenK)
+	block.Args().RotaryInterleaved = int64(boolFlag(a.RotaryInterleaved))
 	err = fn(block.Args())
 	keepAlive(ts)
 	return err
 }
 
 // ForwardEx is Forward for Args: out and, when a.LSE is set, the log-sum-exp, with every
-// variant a sets (its options too). On a CUDA context it is enqueued on the context's stream.
+// variant a sets (its options too), over a KV cache when a.CacheSeqlens is set (appending
+// a.KNew and a.VNew into a.K and a.V first). On a CUDA context it is enqueued on the context's
+// stream.
 func (c *Context) ForwardEx(a *Args) error {
 	defer runtime.KeepAlive(c)
 	return withArgs(a, func(r *capi.Args) error { return capi.Flashattn_forward_ex(c.h, r, 0, 0) })

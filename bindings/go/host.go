@@ -50,30 +50,37 @@ func elements(shape []int64) int {
 	return n
 }
 
-func (d Dims) check() error {
+func (d Dims) check() error { return d.checkExcept("") }
+
+// checkExcept checks every size but the one named unused (one the call does not read).
+func (d Dims) checkExcept(unused string) error {
 	for _, f := range []struct {
 		name string
 		v    int
 	}{{"Batch", d.Batch}, {"SeqLenQ", d.SeqLenQ}, {"SeqLenK", d.SeqLenK}, {"HeadsQ", d.HeadsQ},
 		{"HeadsKV", d.HeadsKV}, {"HeadDim", d.HeadDim}, {"HeadDimV", d.headDimV()}} {
-		if f.v < 1 {
+		if f.v < 1 && f.name != unused {
 			return &Error{Status: StatusInvalidShape, Message: fmt.Sprintf("dims: %s is %d, must be >= 1", f.name, f.v)}
 		}
 	}
 	return nil
 }
 
-// host is one tensor of a host-memory call: its data, shape and dtype.
+// host is one tensor of a host-memory call: its data, shape and dtype; written marks an input
+// that the call also writes (a KV cache that rows are appended to).
 type host struct {
-	name  string
-	data  []byte
-	count int
-	shape []int64
-	dtype DType
+	name    string
+	data    []byte
+	count   int
+	shape   []int64
+	dtype   DType
+	written bool
 }
 
 // run copies the inputs into buffers of c, calls fn with views of them and of new output
-// buffers, and copies the outputs back. A slice of the wrong length is an error.
+// buffers, and copies the outputs back, and the inputs marked written, once fn succeeded (a
+// failed call leaves the caller's slices as they were). A slice of the wrong length is an
+// error.
 func (c *Context) run(ins, outs []host, fn func(in, out []Tensor) error) error {
 	var bufs []*Buffer
 	defer func() {
@@ -116,6 +123,13 @@ func (c *Context) run(ins, outs []host, fn func(in, out []Tensor) error) error {
 	for i, h := range outs {
 		if err := out[i].Buffer.Read(0, h.data); err != nil {
 			return err
+		}
+	}
+	for i, h := range ins {
+		if h.written {
+			if err := in[i].Buffer.Read(0, h.data); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

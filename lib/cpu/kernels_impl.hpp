@@ -431,6 +431,26 @@ inline void logits_row(float* s, int64_t n, const Logits& lg, int64_t x0, int64_
   }
 }
 
+// The logits of one column of S^T (key `key`, the tile's query columns): as logits_row, with
+// each column's own ALiBi slope and position (i + diag of its query), so that the columns may
+// belong to different heads. The same operations as logits_row's, so the same values.
+inline void logits_cols(float* s, int64_t n, const Logits& lg, const float* slope,
+                        const float* position, int64_t key) {
+  const vf k = splat(static_cast<float>(key));
+  for (int64_t t = 0; t < n; t += W) {
+    vf x = vload(s + t);
+    if (lg.softcap) {
+      const vf th = tanhv(x * splat(lg.inv_cap));
+      x = splat(lg.cap) * th;
+    }
+    if (lg.alibi) {
+      const vf distance = vload(position + t) - k;
+      x = x - vload(slope + t) * vabs(distance);
+    }
+    vstore(s + t, x);
+  }
+}
+
 // One head's attention sink, in log2 units: a key of value 0 in every row's softmax. A row
 // whose keys have the maximum m shifts its exponentials by shift(m) and adds term(shift) to its
 // sum. Without a sink, shift(m) = m and term = 0.
@@ -489,9 +509,15 @@ inline QTileItem q_tile_item(const Problem& p, const VariantViews& v, const Plan
 // tile sees are visited.
 
 struct QueryTile {
-  int64_t h;          // its query head
-  Logits lg;          // that head's logits
-  Sink sink;          // and sink
+  // Its columns: `segments` query heads (h, h + 1, ...) of one KV group, each seg_rows columns
+  // of the same queries i0 .. i0 + seg_rows - 1 (one segment but in a decode step).
+  int64_t h;
+  int segments;
+  int seg_rows;
+  Logits lg;                   // the heads' logits (the ALiBi slope per column, below)
+  Sink sink[kMaxQueryGroup];   // per segment
+  float slope[kBlockQ];        // ALiBi: each column's slope, and its query's i + diag
+  float position[kBlockQ];
   int64_t i0;         // first row (in the sequence)
   int rows;           // rows in the tile
   int rows_p;         // rows rounded up to whole vectors (extra columns are zero queries)
@@ -504,22 +530,38 @@ struct QueryTile {
 };
 
 // One K/V tile (K packed as [ncols][dp], V as [ncols][dvp]) into one query tile's running state.
-void flash_forward_tile(const Mask& mask, const Logits& lg, QueryTile& q, const float* K,
-                        const float* V, int64_t j0, int ncols, int d, int dp, int dvp, float* St) {
+// The keys each column (row of the output) of a tile sees, tile-relative: as keys_seen, per
+// segment.
+inline Ranges keys_seen(const Mask& m, const QueryTile& q, int64_t j0, int64_t ncols) {
+  Ranges r = keys_seen(m, q.i0, q.seg_rows, j0, ncols);
+  for (int c = q.seg_rows; c < q.rows; ++c) {
+    r.lo[c] = r.lo[c % q.seg_rows];
+    r.hi[c] = r.hi[c % q.seg_rows];
+  }
+  return r;
+}
+
+void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const float* V,
+                        int64_t j0, int ncols, int d, int dp, int dvp, float* St) {
   gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
-  if (lg.active()) {
+  if (q.lg.active()) {
     for (int j = 0; j < ncols; ++j) {
-      logits_row(St + j * kBlockQ, q.rows_p, lg, q.i0 + lg.diag - (j0 + j), +1, nullptr);
+      logits_cols(St + j * kBlockQ, q.rows_p, q.lg, q.slope, q.position, j0 + j);
     }
   }
-  if (!mask.covers(q.i0, q.i0 + q.rows, j0, j0 + ncols)) {
+  if (!mask.covers(q.i0, q.i0 + q.seg_rows, j0, j0 + ncols)) {
     for (int j = 0; j < ncols; ++j) {
       float* col = St + j * kBlockQ;
-      const int64_t seen_from = Mask::clamp(mask.row_begin(j0 + j) - q.i0, q.rows_p);
+      const int64_t seen_from = Mask::clamp(mask.row_begin(j0 + j) - q.i0, q.seg_rows);
       const int64_t seen_to = mask.row_end(j0 + j) - q.i0;
-      fill_row(col, 0, seen_from, kNegInf);
       // The padding columns past the tile's rows are zero queries of no row: left as they are.
-      if (seen_to < q.rows) fill_row(col, std::max(seen_from, seen_to), q.rows, kNegInf);
+      for (int sg = 0; sg < q.segments; ++sg) {
+        const int64_t c0 = sg * q.seg_rows;
+        fill_row(col, c0, c0 + seen_from, kNegInf);
+        if (seen_to < q.seg_rows) {
+          fill_row(col, c0 + std::max(seen_from, seen_to), c0 + q.seg_rows, kNegInf);
+        }
+      }
     }
   }
   float alpha[kBlockQ];
@@ -545,13 +587,13 @@ void flash_forward_tile(const Mask& mask, const Logits& lg, QueryTile& q, const 
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
   }
-  gemm_ranges(q.rows, dvp, keys_seen(mask, q.i0, q.rows, j0, ncols), St, 1, kBlockQ, V, dvp, q.O,
-              dvp, true);
+  gemm_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), St, 1, kBlockQ, V, dvp, q.O, dvp, true);
 }
 
 // One work item: `head_group` query heads of one KV group times `query_group` query tiles of
 // each, sharing every K/V tile load (packed once for all of them: for a decode step, one row
-// per head, that is the whole cost).
+// per head, that is the whole cost). With pack_heads the heads are the segments of one tile
+// (few queries each: their columns then fill the vectors the scores are computed in).
 template <class E>
 void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
   const Problem& p = a.problem;
@@ -566,7 +608,8 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int64_t seq_tiles = ceil_div(seq.len_q, kBlockQ);
   if (first_tile >= seq_tiles) return;  // a shorter sequence of a variable-length batch
   const int head_tiles = static_cast<int>(std::min<int64_t>(group, seq_tiles - first_tile));
-  const int ntiles = static_cast<int>(heads) * head_tiles;
+  const int segments = pl.pack_heads ? static_cast<int>(heads) : 1;
+  const int ntiles = static_cast<int>(heads) * head_tiles / segments;
   const Mask mask(p, seq);
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
@@ -580,20 +623,32 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   int64_t key_begin = seq.len_k, key_end = 0;
   for (int s = 0; s < ntiles; ++s) {
     QueryTile& q = tiles[s];
-    q.h = h0 + s / head_tiles;
-    q.lg = logits_of(p, a.variants, seq, b, q.h);
-    q.sink = sink_of(a.variants, q.h);
+    q.segments = segments;
+    q.h = h0 + (s / head_tiles) * segments;
     q.i0 = (first_tile + s % head_tiles) * kBlockQ;
-    q.rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - q.i0));
+    q.seg_rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - q.i0));
+    q.rows = q.seg_rows * segments;
     q.rows_p = vec_round(q.rows);
+    q.lg = logits_of(p, a.variants, seq, b, q.h);
+    for (int c = 0; c < q.rows_p; ++c) {
+      const int sg = std::min(c / q.seg_rows, segments - 1);  // padding: the last segment's
+      q.slope[c] = q.lg.alibi ? a.variants.alibi.at(b, q.h + sg) * kLog2e : 0.0f;
+      q.position[c] = static_cast<float>(q.i0 + c % q.seg_rows + q.lg.diag);
+    }
+    for (int sg = 0; sg < segments; ++sg) {
+      q.sink[sg] = sink_of(a.variants, q.h + sg);
+      // The last segment's packing zeroes the padding columns.
+      const int c0 = sg * q.seg_rows;
+      const int pad = sg + 1 == segments ? q.rows_p - c0 : q.seg_rows;
+      pack_transposed<E>(t.at(pl.t_q) + s * kBlockQ * dp + c0, kBlockQ, a.q, b,
+                         seq.q_begin + q.i0, q.seg_rows, pad, q.h + sg, d, p.scale * kLog2e);
+    }
     q.key_begin = mask.key_begin(q.i0);
-    q.key_end = mask.key_end(q.i0 + q.rows - 1);
+    q.key_end = mask.key_end(q.i0 + q.seg_rows - 1);
     q.Qt = t.at(pl.t_q) + s * kBlockQ * dp;
     q.O = t.at(pl.t_o) + s * kBlockQ * dvp;
     q.m = t.at(pl.t_m) + s * kBlockQ;
     q.l = t.at(pl.t_l) + s * kBlockQ;
-    pack_transposed<E>(q.Qt, kBlockQ, a.q, b, seq.q_begin + q.i0, q.rows, q.rows_p, q.h, d,
-                       p.scale * kLog2e);
     std::fill(q.O, q.O + static_cast<size_t>(q.rows) * dvp, 0.0f);
     std::fill(q.m, q.m + q.rows_p, kNegInf);
     std::fill(q.l, q.l + q.rows_p, 0.0f);
@@ -619,15 +674,17 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
-      flash_forward_tile(mask, q.lg, q, K, V, j0, n, d, dp, dvp, St);
+      flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St);
     }
   }
 
   for (int s = 0; s < ntiles; ++s) {
     const QueryTile& q = tiles[s];
-    const int64_t h = q.h;
     for (int r = 0; r < q.rows; ++r) {
-      const int64_t i = seq.q_begin + q.i0 + r;
+      const int sg = r / q.seg_rows;
+      const int64_t h = q.h + sg;
+      const Sink& sink = q.sink[sg];
+      const int64_t i = seq.q_begin + q.i0 + r % q.seg_rows;
       // l is 0 only for a row that sees no key: output 0, LSE -inf (a sink notwithstanding).
       if (q.l[r] == 0.0f) {
         std::fill(q.O + r * dvp, q.O + r * dvp + dv, 0.0f);
@@ -635,9 +692,9 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
         if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = kNegInf;
         continue;
       }
-      const float shift = q.sink.shift(q.m[r]);
-      const float key_scale = q.sink.present ? std::exp2(q.m[r] - shift) : 1.0f;
-      const float total = q.l[r] * key_scale + q.sink.term(shift);
+      const float shift = sink.shift(q.m[r]);
+      const float key_scale = sink.present ? std::exp2(q.m[r] - shift) : 1.0f;
+      const float total = q.l[r] * key_scale + sink.term(shift);
       store_row<E>(out_row<E>(a.out, b, i, h), q.O + r * dvp, dv, key_scale / total);
       if (a.lse.data != nullptr) *lse_at(a.lse, b, h, i) = natural_lse(shift, total);
     }

@@ -101,6 +101,9 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
         break;
       }
     }
+    // Few enough queries that the heads' rows fit one tile: one tile, each head a segment of
+    // it, so that the columns of the score vectors hold queries rather than padding.
+    plan.pack_heads = plan.head_group > 1 && p.seqlen_q * plan.head_group <= kBlockQ;
     const int64_t g = plan.query_group * plan.head_group;
     plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
     plan.t_kt = thread.take(k_tile, "K tile");

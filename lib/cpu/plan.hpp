@@ -41,6 +41,7 @@ struct Plan {
   int64_t query_group = 1;  // flash forward: query tiles per work item and head
   int64_t head_group = 1;   // flash forward: query heads of one KV group per work item (it
                             // divides the group; head_group * query_group <= kMaxQueryGroup)
+  bool pack_heads = false;  // flash forward: those heads' queries share one tile (they fit)
 
   // Shared regions (fp32). "Rows" are the Hq * total_q query rows of the batch, in the order
   // of cpu/sequences.hpp's scratch_row ([B, Hq, Nq] for a fixed-length batch).

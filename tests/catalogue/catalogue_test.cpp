@@ -184,6 +184,7 @@ struct Fixture {
   static constexpr int64_t kPagesPerSeq = 3, kPositions = 48;
   static constexpr int32_t kCacheSeqlens[2] = {40, 44};
   static constexpr int32_t kBlockTable[6] = {0, 1, 2, 3, 4, 5};
+  static constexpr float kInputValue = 0.5f, kNewRowsValue = 0.25f;
 
   flashattn_context_t ctx = nullptr;
   flashattn_context_t ctx_arg = nullptr;
@@ -301,8 +302,9 @@ struct Fixture {
       } else if (t == CACHE_SEQLENS || t == BLOCK_TABLE) {
         std::memcpy(bytes.data(), t == CACHE_SEQLENS ? kCacheSeqlens : kBlockTable, bytes.size());
       } else {
-        const float half = 0.5f;
-        for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &half, 4);
+        // The rows to append differ from what k and v hold, so a refused call's append shows.
+        const float value = t == K_NEW || t == V_NEW ? kNewRowsValue : kInputValue;
+        for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &value, 4);
       }
       REQUIRE(flashattn_buffer_write(bufs[t], 0, bytes.data(), bytes.size()) == FLASHATTN_SUCCESS);
     }

@@ -46,10 +46,46 @@ void check_against_varlen(const Case& c, const CacheLayout& layout) {
 }  // namespace
 
 TEST_SUITE("cpu_kv_cache") {
+  TEST_CASE("decode shapes: a key one head's query sees and the next query does not stays out") {
+    // 3 queries x 4 heads in one packed tile, a window of 30 keys: query 0 sees keys 67..97,
+    // queries 1 and 2 from 68 and 69. NaN and infinity in key 67 (and its value) reach query
+    // 0's rows only: queries 1 and 2 of every head are bit for bit those of finite inputs.
+    Case c = shaped_case(F32, 4, 3, 100, 8, 2, 40, true, 123);
+    c.window = true;
+    c.window_left = 30;
+    c.window_right = 0;
+    CHECK(flashattn::cpu::make_plan(
+              [&] {
+                flashattn::Problem p;
+                p.batch = 4, p.seqlen_q = 3, p.seqlen_k = 100, p.heads_q = 8, p.heads_kv = 2;
+                p.head_dim = p.head_dim_v = 40, p.total_q = 12, p.total_k = 400;
+                return p;
+              }(),
+              false, 2)
+              .pack_heads);
+    CpuContext ctx;
+    Inputs in = make_inputs(c);
+    for (flashattn_algorithm_t alg : {kFlash, kStandard}) {
+      const ForwardResult finite = run_forward(ctx.get(), c, in, alg);
+      Inputs poisoned = make_inputs(c);
+      poisoned.k.set_nonfinite_row(67);
+      poisoned.v.set_nonfinite_row(67);
+      const ForwardResult got = run_forward(ctx.get(), c, poisoned, alg);
+      int differ = 0;
+      for (int64_t i = 1; i < 3; ++i)
+        for (int64_t h = 0; h < 8; ++h) {
+          for (int64_t x = 0; x < 40; ++x) differ += !(got.out.get(0, i, h, x) == finite.out.get(0, i, h, x));
+          differ += !(got.lse.get(0, h, i) == finite.lse.get(0, h, i));
+        }
+      CHECK_MESSAGE(differ == 0, (alg == kFlash ? "flash" : "standard"), ": ", differ,
+                    " elements of queries 1 and 2 changed");
+    }
+  }
+
   TEST_CASE("decode shapes: a KV group's query heads share each K/V tile, against the reference") {
     // One token (and three) over 8 query heads in groups of 4: the plan puts a group's heads in
-    // one work item at 2 threads; every variant that differs per head (ALiBi slopes, sinks)
-    // must follow its own head there.
+    // one work item at 2 threads, as the segments of one tile; every variant that differs per
+    // head (ALiBi slopes, sinks) must follow its own head there, every mask its own query.
     flashattn::Problem p;
     p.batch = 4;
     p.seqlen_q = 1;
@@ -60,6 +96,7 @@ TEST_SUITE("cpu_kv_cache") {
     p.total_q = 4;
     p.total_k = 400;
     CHECK(flashattn::cpu::make_plan(p, false, 2).head_group == 4);
+    CHECK(flashattn::cpu::make_plan(p, false, 2).pack_heads);  // one tile of 4 heads x 1 row
     p.heads_kv = 8;  // no groups: nothing to share
     CHECK(flashattn::cpu::make_plan(p, false, 2).head_group == 1);
     for (flashattn_dtype_t dtype : {F32, BF16}) {

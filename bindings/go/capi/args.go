@@ -17,6 +17,11 @@ type Args struct {
 	Dsinks                 uintptr
 	CuSeqlensQ, CuSeqlensK uintptr
 	MaxSeqlenQ, MaxSeqlenK int64
+	// Added with the KV cache (forward only).
+	CacheSeqlens, BlockTable uintptr
+	KNew, VNew               uintptr
+	RotaryCos, RotarySin     uintptr
+	RotaryInterleaved        int64
 }
 
 // Flashattn_args_init fills a with the defaults, Size included: C's flashattn_args_init(&a)
@@ -44,12 +49,19 @@ const (
 	ArgDsinks
 	ArgCuSeqlensQ
 	ArgCuSeqlensK
+	ArgCacheSeqlens
+	ArgBlockTable
+	ArgKNew
+	ArgVNew
+	ArgRotaryCos
+	ArgRotarySin
 	NumArgTensors
 )
 
 func (a *Args) field(f ArgTensor) *uintptr {
 	return [...]*uintptr{&a.Q, &a.K, &a.V, &a.Out, &a.Lse, &a.Dout, &a.Dq, &a.Dk, &a.Dv,
-		&a.AlibiSlopes, &a.Sinks, &a.Dsinks, &a.CuSeqlensQ, &a.CuSeqlensK}[f]
+		&a.AlibiSlopes, &a.Sinks, &a.Dsinks, &a.CuSeqlensQ, &a.CuSeqlensK, &a.CacheSeqlens,
+		&a.BlockTable, &a.KNew, &a.VNew, &a.RotaryCos, &a.RotarySin}[f]
 }
 
 // OptionsStorage is the number of zero-filled bytes an ArgsBlock's options start: the largest

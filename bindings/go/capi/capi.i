@@ -131,6 +131,13 @@ FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
 %constant int64_t OffsetofArgsCuSeqlensK = offsetof(flashattn_args_t, cu_seqlens_k);
 %constant int64_t OffsetofArgsMaxSeqlenQ = offsetof(flashattn_args_t, max_seqlen_q);
 %constant int64_t OffsetofArgsMaxSeqlenK = offsetof(flashattn_args_t, max_seqlen_k);
+%constant int64_t OffsetofArgsCacheSeqlens = offsetof(flashattn_args_t, cache_seqlens);
+%constant int64_t OffsetofArgsBlockTable = offsetof(flashattn_args_t, block_table);
+%constant int64_t OffsetofArgsKNew = offsetof(flashattn_args_t, k_new);
+%constant int64_t OffsetofArgsVNew = offsetof(flashattn_args_t, v_new);
+%constant int64_t OffsetofArgsRotaryCos = offsetof(flashattn_args_t, rotary_cos);
+%constant int64_t OffsetofArgsRotarySin = offsetof(flashattn_args_t, rotary_sin);
+%constant int64_t OffsetofArgsRotaryInterleaved = offsetof(flashattn_args_t, rotary_interleaved);
 %constant int64_t SizeofMergeArgs = sizeof(flashattn_merge_args_t);
 %constant int64_t OffsetofMergeArgsNumParts = offsetof(flashattn_merge_args_t, num_parts);
 %constant int64_t OffsetofMergeArgsPartsOut = offsetof(flashattn_merge_args_t, parts_out);

@@ -43,6 +43,13 @@ func TestStructLayout(t *testing.T) {
 		{"offsetof(flashattn_args_t, cu_seqlens_k)", unsafe.Offsetof(args.CuSeqlensK), uintptr(OffsetofArgsCuSeqlensK)},
 		{"offsetof(flashattn_args_t, max_seqlen_q)", unsafe.Offsetof(args.MaxSeqlenQ), uintptr(OffsetofArgsMaxSeqlenQ)},
 		{"offsetof(flashattn_args_t, max_seqlen_k)", unsafe.Offsetof(args.MaxSeqlenK), uintptr(OffsetofArgsMaxSeqlenK)},
+		{"offsetof(flashattn_args_t, cache_seqlens)", unsafe.Offsetof(args.CacheSeqlens), uintptr(OffsetofArgsCacheSeqlens)},
+		{"offsetof(flashattn_args_t, block_table)", unsafe.Offsetof(args.BlockTable), uintptr(OffsetofArgsBlockTable)},
+		{"offsetof(flashattn_args_t, k_new)", unsafe.Offsetof(args.KNew), uintptr(OffsetofArgsKNew)},
+		{"offsetof(flashattn_args_t, v_new)", unsafe.Offsetof(args.VNew), uintptr(OffsetofArgsVNew)},
+		{"offsetof(flashattn_args_t, rotary_cos)", unsafe.Offsetof(args.RotaryCos), uintptr(OffsetofArgsRotaryCos)},
+		{"offsetof(flashattn_args_t, rotary_sin)", unsafe.Offsetof(args.RotarySin), uintptr(OffsetofArgsRotarySin)},
+		{"offsetof(flashattn_args_t, rotary_interleaved)", unsafe.Offsetof(args.RotaryInterleaved), uintptr(OffsetofArgsRotaryInterleaved)},
 		{"sizeof(flashattn_merge_args_t)", unsafe.Sizeof(merge), uintptr(SizeofMergeArgs)},
 		{"offsetof(flashattn_merge_args_t, num_parts)", unsafe.Offsetof(merge.NumParts), uintptr(OffsetofMergeArgsNumParts)},
 		{"offsetof(flashattn_merge_args_t, parts_out)", unsafe.Offsetof(merge.PartsOut), uintptr(OffsetofMergeArgsPartsOut)},
@@ -160,7 +167,8 @@ func TestArgsBlockHoldsInitializedArgs(t *testing.T) {
 	}
 	defer b.Free()
 	a := b.Args()
-	if a.Size != uint64(SizeofArgs) || a.Options != uintptr(unsafe.Pointer(b.Options())) || a.Q != 0 || a.MaxSeqlenQ != 0 {
+	if a.Size != uint64(SizeofArgs) || a.Options != uintptr(unsafe.Pointer(b.Options())) || a.Q != 0 || a.MaxSeqlenQ != 0 ||
+		a.CacheSeqlens != 0 || a.RotarySin != 0 || a.RotaryInterleaved != 0 {
 		t.Errorf("args after init: %+v", *a)
 	}
 	if o := b.Options(); o.Size != uint64(SizeofOptions) || o.Window != 0 || o.Softcap != 0 {
@@ -175,6 +183,12 @@ func TestArgsBlockHoldsInitializedArgs(t *testing.T) {
 	if a.CuSeqlensK != 0 {
 		t.Error("SetTensor(nil) left the field set")
 	}
+	// The last tensor field, the one next to the int64 that ends the struct.
+	b.SetTensor(ArgRotarySin, &tensor)
+	if a.RotarySin == 0 || a.RotaryCos != 0 || a.RotaryInterleaved != 0 {
+		t.Error("SetTensor(ArgRotarySin) did not set exactly its field")
+	}
+	b.SetTensor(ArgRotarySin, nil)
 	var ctx Context
 	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,8 @@ package capi
 // Every case of the bad-input catalogue (tests/catalogue/bad_inputs.tsv, format in
 // tests/catalogue/FORMAT.md) through this low layer: the call returns an *Error with the expected
 // status and a message holding the expected fragment, no buffer changes (outputs are poisoned
-// beforehand) and workspace_size leaves its output alone. FLASHATTN_CATALOGUE names another file.
+// beforehand; k and v, which a call with k_new writes, are compared as well) and workspace_size
+// leaves its output alone. FLASHATTN_CATALOGUE names another file.
 
 import (
 	"bufio"
@@ -48,6 +49,22 @@ var (
 	variantBytes = map[string]int64{"alibi_slopes": cB * cHQ * 4, "sinks": cHQ * 4, "dsinks": cHQ * 4,
 		"cu_seqlens_q": (cB + 1) * 4, "cu_seqlens_k": (cB + 1) * 4}
 	variantOffsets = map[string][]int32{"cu_seqlens_q": {0, cNQ, 2 * cNQ}, "cu_seqlens_k": {0, cNK, 2 * cNK}}
+)
+
+// The KV cache form (FORMAT.md): four query tokens, 40 and 44 tokens held, four rows appended,
+// six pages of 16 rows (three per sequence), rotary tables of 48 positions over all 32 features.
+const (
+	cCacheQueries, cNew, cPageRows, cPages, cPagesPerSeq, cPositions = 4, 4, 16, 6, 3, 48
+)
+
+// The cache tensors of the _ex ops, in the order of the ArgTensor fields after cu_seqlens_k:
+// their shapes (each buffer holds exactly its view) and the INT32 tensors' contents.
+var (
+	cacheNames  = []string{"cache_seqlens", "block_table", "k_new", "v_new", "rotary_cos", "rotary_sin"}
+	cacheShapes = map[string][]int64{"cache_seqlens": {cB}, "block_table": {cB, cPagesPerSeq},
+		"k_new": {cB, cNew, cHKV, cD}, "v_new": {cB, cNew, cHKV, cD},
+		"rotary_cos": {cPositions, cD / 2}, "rotary_sin": {cPositions, cD / 2}}
+	cacheInts = map[string][]int32{"cache_seqlens": {40, 44}, "block_table": {0, 1, 2, 3, 4, 5}}
 )
 
 const (
@@ -144,14 +161,18 @@ func newCall(op string) (*call, error) {
 	}
 	// The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
 	c.names = append([]string{}, catalogueNames...)
-	if strings.HasSuffix(op, "_ex") {
+	if strings.HasSuffix(op, "_ex") { // the cache tensors' after the variant tensors'
 		c.names = append(c.names, variantNames...)
+		c.names = append(c.names, cacheNames...)
 	}
 	if op == "merge" { // and the merge's parts for the merge only, after the nine
 		c.names = append(c.names, mergeNames...)
 	}
 	for _, name := range c.names {
 		shape := catalogueShape(name)
+		if s, ok := cacheShapes[name]; ok {
+			shape = s
+		}
 		nbytes := int64(4)
 		for _, s := range shape {
 			nbytes *= s
@@ -171,13 +192,23 @@ func newCall(op string) (*call, error) {
 		for i := range data {
 			data[i] = poison
 		}
-		if offsets, ok := variantOffsets[name]; ok {
-			for i, o := range offsets {
+		ints, isInts := variantOffsets[name]
+		if !isInts {
+			ints, isInts = cacheInts[name]
+		}
+		if isInts {
+			for i, o := range ints {
 				binary.LittleEndian.PutUint32(data[4*i:], uint32(o))
 			}
 		} else if !isOutput[name] {
+			// The rows to append differ from what k and v hold (FORMAT.md), so a refused
+			// call's append shows.
+			value := float32(0.5)
+			if name == "k_new" || name == "v_new" {
+				value = 0.25
+			}
 			for i := 0; i < len(data); i += 4 {
-				binary.LittleEndian.PutUint32(data[i:], math.Float32bits(0.5))
+				binary.LittleEndian.PutUint32(data[i:], math.Float32bits(value))
 			}
 		}
 		if err := Flashattn_buffer_write(buf, 0, data); err != nil {
@@ -191,7 +222,14 @@ func newCall(op string) (*call, error) {
 		c.ends[name] = address + uintptr(nbytes)
 		view := &Tensor{}
 		var err error
-		if _, ok := variantBytes[name]; ok {
+		if _, ok := cacheShapes[name]; ok {
+			dtype := DType(FLASHATTN_DTYPE_FLOAT32)
+			if _, ok := cacheInts[name]; ok {
+				dtype = DType(FLASHATTN_DTYPE_INT32)
+			}
+			c.views[name] = contiguousView(address, dtype, shape) // given by a mutation
+			continue
+		} else if _, ok := variantBytes[name]; ok {
 			view.Data, view.Dtype, view.Rank = address, DType(FLASHATTN_DTYPE_FLOAT32), 1
 			view.Shape[0], view.Strides[0] = cHQ, 1
 			if _, ok := variantOffsets[name]; ok {
@@ -228,6 +266,17 @@ func newCall(op string) (*call, error) {
 	}
 	c.optionsSizeof = c.options.Size
 	return c, nil
+}
+
+// contiguousView is a row-major view of shape at address.
+func contiguousView(address uintptr, dtype DType, shape []int64) *Tensor {
+	t := &Tensor{Data: address, Dtype: dtype, Rank: int32(len(shape))}
+	stride := int64(1)
+	for i := len(shape) - 1; i >= 0; i-- {
+		t.Shape[i], t.Strides[i] = shape[i], stride
+		stride *= shape[i]
+	}
+	return t
 }
 
 func parseInt32(what, value string) (int32, error) {
@@ -332,6 +381,21 @@ func (c *call) mutate(m string) error {
 		}
 	case key == "varlen" && value == "1":
 		c.makeVarlen()
+	case (key == "cache" || key == "paged") && value == "1":
+		if c.views["cache_seqlens"] == nil {
+			return fmt.Errorf("%s=1 needs an _ex op", key)
+		}
+		if key == "cache" {
+			c.makeCache()
+		} else {
+			c.makePaged()
+		}
+	case key == "args.rotary_interleaved":
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return err
+		}
+		c.args.Args().RotaryInterleaved = v
 	case c.views[key] != nil && value == "null":
 		c.passed[key] = nil
 	case c.views[key] != nil && value == "given":
@@ -440,6 +504,27 @@ func (c *call) makeVarlen() {
 	c.args.Args().MaxSeqlenQ, c.args.Args().MaxSeqlenK = cNQ, cNK
 }
 
+// makeCache turns the baseline into its KV cache form (FORMAT.md): four query tokens over the
+// start of q's and out's buffers against the contiguous cache that k and v are.
+func (c *call) makeCache() {
+	for _, name := range []string{"q", "out"} {
+		t := c.views[name]
+		t.Shape[1], t.Strides[0] = cCacheQueries, cCacheQueries*cHQ*cD
+	}
+	lse := c.views["lse"]
+	lse.Shape[2], lse.Strides[0], lse.Strides[1] = cCacheQueries, cHQ*cCacheQueries, cCacheQueries
+	c.passed["cache_seqlens"] = c.views["cache_seqlens"]
+}
+
+// makePaged turns the cache form paged: k and v as six pages of 16 rows over the same buffers.
+func (c *call) makePaged() {
+	for _, name := range []string{"k", "v"} {
+		t := c.views[name]
+		t.Shape[0], t.Shape[1], t.Strides[0] = cPages, cPageRows, cPageRows*cHKV*cD
+	}
+	c.passed["block_table"] = c.views["block_table"]
+}
+
 func (c *call) mutateView(key, value string) error {
 	name, field, _ := strings.Cut(key, ".")
 	t := c.views[name]
@@ -521,7 +606,8 @@ func (c *call) exArgs() *Args {
 	if c.passOptions {
 		a.Options = uintptr(unsafe.Pointer(c.args.Options()))
 	}
-	for i, name := range append(append([]string{}, catalogueNames...), variantNames...) {
+	fields := append(append(append([]string{}, catalogueNames...), variantNames...), cacheNames...)
+	for i, name := range fields {
 		c.args.SetTensor(ArgTensor(i), c.passed[name])
 	}
 	return a
@@ -600,9 +686,13 @@ func (c *call) close() {
 }
 
 // The unmutated baselines succeed (else a case could pass for a reason other than its
-// mutation), the _ex ops also with every variant tensor given and in the variable-length form.
+// mutation), the _ex ops also with every variant tensor given, in the variable-length form and
+// in the KV cache's forms (contiguous, paged, rows appended with a rotary embedding).
 func TestCatalogueBaselinesSucceed(t *testing.T) {
 	variants := []string{"-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
+		"cache=1", "cache=1;paged=1",
+		"cache=1;paged=1;k_new=given;v_new=given;rotary_cos=given;rotary_sin=given;" +
+			"args.rotary_interleaved=1;sinks=given",
 		"varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;" +
 			"alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"}
 	mergeVariants := []string{"-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse",
@@ -617,6 +707,10 @@ func TestCatalogueBaselinesSucceed(t *testing.T) {
 				continue
 			}
 			for _, backward := range []int{0, 1} {
+				// The KV cache is forward only: its backward forms are catalogue lines.
+				if strings.Contains(mutations, "cache=1") && (backward == 1 || op == "backward_ex") {
+					continue
+				}
 				c, err := newCall(op)
 				if err != nil {
 					t.Fatal(err)

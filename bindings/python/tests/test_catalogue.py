@@ -1,7 +1,9 @@
 """Every case of the bad-input catalogue (tests/catalogue/bad_inputs.tsv, format in
 tests/catalogue/FORMAT.md) run through the low layer, flashattn.flashattn_swig: the call raises
 flashattn.Error with the expected status and a message holding the expected fragment, and no
-buffer changes (outputs are poisoned beforehand). FLASHATTN_CATALOGUE names another file.
+buffer changes (outputs are poisoned beforehand; a KV cache call's k and v, written as well as
+read when k_new is given, are compared like every other buffer). FLASHATTN_CATALOGUE names
+another file.
 
 The low layer returns workspace_size's `out` instead of taking it, so the C runner's sentinel
 check has no counterpart here: a failing call returns nothing."""
@@ -33,6 +35,23 @@ VARIANT_TENSORS = {
     "cu_seqlens_q": ((B + 1,), "int32", (B + 1) * 4),
     "cu_seqlens_k": ((B + 1,), "int32", (B + 1) * 4),
 }
+# The KV cache tensors of the _ex ops, created after the variant tensors (FORMAT.md): name ->
+# (shape, strides, dtype, contents of an int32 tensor). Each buffer holds exactly its view.
+NQ_CACHE, N_NEW, PAGE_SIZE = 4, 4, 16  # query rows and appended rows of the cache form; rows a page
+PAGES = NK // PAGE_SIZE  # pages per sequence: capacity 3 x 16 = 48 = NK tokens
+CACHE_SEQLENS = (40, 44)
+ROTARY_HALF = D // 2
+KV_TENSORS = {
+    "cache_seqlens": ((B,), (1,), "int32", CACHE_SEQLENS),
+    "block_table": ((B, PAGES), (PAGES, 1), "int32", tuple(range(B * PAGES))),
+    "k_new": ((B, N_NEW, HKV, D), (N_NEW * HKV * D, HKV * D, D, 1), "float32", None),
+    "v_new": ((B, N_NEW, HKV, D), (N_NEW * HKV * D, HKV * D, D, 1), "float32", None),
+    "rotary_cos": ((NK, ROTARY_HALF), (ROTARY_HALF, 1), "float32", None),
+    "rotary_sin": ((NK, ROTARY_HALF), (ROTARY_HALF, 1), "float32", None),
+}
+# The rows appended hold a value of their own: a refused call that wrote them anyway would show
+# in k and v, which already hold the inputs' 0.5.
+NEW_ROWS_VALUE = 0.25
 OUTPUTS = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv"), "supported": (),
            "workspace_size": (), "forward_ex": ("out", "lse"),
            "backward_ex": ("dq", "dk", "dv", "dsinks"), "supported_ex": (),
@@ -43,7 +62,7 @@ PARTS = 3
 MERGE_TENSORS = {"parts_out": (SHAPES["out"], PARTS * B * NQ * HQ * D * 4),
                  "parts_lse": (SHAPES["lse"], PARTS * B * HQ * NQ * 4)}
 ARGS_FIELDS = ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks",
-               "dsinks", "cu_seqlens_q", "cu_seqlens_k")
+               "dsinks", "cu_seqlens_q", "cu_seqlens_k") + tuple(KV_TENSORS)
 POISON = 0xA5
 OPTIONS_BLOCK = 4096
 INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -100,13 +119,16 @@ class Call:
         self.call_ctx = self.ctx
         self.buffers, self.views, self.passed, self.contents = {}, {}, {}, {}
         self.ends = {}
-        # The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
-        variant_names = list(VARIANT_TENSORS) if op.endswith("_ex") else []
+        # The variant tensors' buffers, then the KV cache's, exist for the _ex ops only
+        # (FORMAT.md).
+        variant_names = list(VARIANT_TENSORS) + list(KV_TENSORS) if op.endswith("_ex") else []
         # And the merge's parts for the merge only, after the nine.
         parts_names = list(MERGE_TENSORS) if op == "merge" else []
         for name in list(SHAPES) + variant_names + parts_names:
             if name in VARIANT_TENSORS:
                 nbytes = VARIANT_TENSORS[name][2]
+            elif name in KV_TENSORS:
+                nbytes = int(np.prod(KV_TENSORS[name][0])) * 4
             elif name in MERGE_TENSORS:
                 nbytes = MERGE_TENSORS[name][1]
             else:
@@ -118,6 +140,10 @@ class Call:
                 data = np.full(nbytes, POISON, dtype=np.uint8)
             elif name in OFFSETS:
                 data = np.array(OFFSETS[name], dtype=np.int32).view(np.uint8)
+            elif name in KV_TENSORS and KV_TENSORS[name][3] is not None:
+                data = np.array(KV_TENSORS[name][3], dtype=np.int32).view(np.uint8)
+            elif name in ("k_new", "v_new"):
+                data = np.full(nbytes // 4, NEW_ROWS_VALUE, dtype=np.float32).view(np.uint8)
             else:
                 data = np.full(nbytes // 4, 0.5, dtype=np.float32).view(np.uint8)
             low.flashattn_buffer_write(buf, 0, data)
@@ -133,11 +159,19 @@ class Call:
                 t.rank = 1
                 t.shape = (shape[0], 0, 0, 0)
                 t.strides = (1, 0, 0, 0)
+            elif name in KV_TENSORS:
+                shape, strides, dtype, _ = KV_TENSORS[name]
+                pad = (0,) * (low.FLASHATTN_MAX_RANK - len(shape))
+                t.data = address
+                t.dtype = low.FLASHATTN_DTYPE_INT32 if dtype == "int32" else low.FLASHATTN_DTYPE_FLOAT32
+                t.rank = len(shape)
+                t.shape = shape + pad
+                t.strides = strides + pad
             else:
                 shape = MERGE_TENSORS[name][0] if name in MERGE_TENSORS else SHAPES[name]
                 low.flashattn_tensor_4d(t, address, low.FLASHATTN_DTYPE_FLOAT32, *shape)
             self.views[name] = t
-            self.passed[name] = None if name in VARIANT_TENSORS else t
+            self.passed[name] = None if name in VARIANT_TENSORS or name in KV_TENSORS else t
         self.args = low.flashattn_args_t()
         low.flashattn_args_init(self.args)
         self.merge_args = low.flashattn_merge_args_t()
@@ -187,11 +221,15 @@ class Call:
             if self.op != "merge":
                 raise ValueError("%s belongs to the merge op" % key)
             setattr(self.merge_args, key[len("args."):], int(value))
-        elif key in ("args.max_seqlen_q", "args.max_seqlen_k"):
+        elif key in ("args.max_seqlen_q", "args.max_seqlen_k", "args.rotary_interleaved"):
             setattr(self.args, key[len("args."):], int(value))
         elif key == "varlen" and value == "1":
             self._make_varlen()
-        elif key in VARIANT_TENSORS and key not in self.views:
+        elif key == "cache" and value == "1":
+            self._make_cache()
+        elif key == "paged" and value == "1":
+            self._make_paged()
+        elif (key in VARIANT_TENSORS or key in KV_TENSORS) and key not in self.views:
             raise ValueError("%s: a variant tensor needs an _ex op" % key)
         elif key in self.views and value == "null":
             self.passed[key] = None
@@ -269,6 +307,34 @@ class Call:
             if name in self.views:
                 self.passed[name] = self.views[name]
         self.args.max_seqlen_q, self.args.max_seqlen_k = NQ, NK
+
+    def _make_cache(self):
+        """The KV cache form of the baseline (FORMAT.md): four query rows per sequence,
+        contiguous over the start of q's and out's buffers (and lse [B, HQ, 4]); k and v, as they
+        are, a contiguous cache of NK tokens; cache_seqlens given."""
+        for name in ("q", "out"):
+            self._set_dims(name, {1: NQ_CACHE}, {0: NQ_CACHE * HQ * D})
+        self._set_dims("lse", {2: NQ_CACHE}, {0: HQ * NQ_CACHE, 1: NQ_CACHE})
+        if "cache_seqlens" in self.views:
+            self.passed["cache_seqlens"] = self.views["cache_seqlens"]
+
+    def _make_paged(self):
+        """The paged form of the cache: k and v as B * PAGES pages of PAGE_SIZE rows over the
+        same buffers; the block table given."""
+        for name in ("k", "v"):
+            self._set_dims(name, {0: B * PAGES, 1: PAGE_SIZE}, {0: PAGE_SIZE * HKV * D})
+        if "block_table" in self.views:
+            self.passed["block_table"] = self.views["block_table"]
+
+    def _set_dims(self, name, shape, strides):
+        """Sets some sizes and strides of a view ({index: value}), the rest as they are."""
+        t = self.views[name]
+        new_shape, new_strides = list(t.shape), list(t.strides)
+        for i, n in shape.items():
+            new_shape[i] = n
+        for i, n in strides.items():
+            new_strides[i] = n
+        t.shape, t.strides = new_shape, new_strides
 
     def _args(self):
         if not self.pass_args:
@@ -348,6 +414,42 @@ def test_baseline_succeeds(op, mutations, backward):
                 call.mutate(m)
         call.backward_flag = backward
         call.run()
+    finally:
+        call.close()
+
+
+# The KV cache forms succeed too, forward only: contiguous and paged, with rows appended and with
+# the rotary embedding in either layout (supported_ex and workspace_size_ex with backward=0).
+CACHE_BASELINES = [(op, m) for op in ("forward_ex", "supported_ex", "workspace_size_ex")
+                   for m in ("cache=1", "cache=1;paged=1", "cache=1;k_new=given;v_new=given",
+                             "cache=1;paged=1;k_new=given;v_new=given;rotary_cos=given;"
+                             "rotary_sin=given;args.rotary_interleaved=1;sinks=given",
+                             "cache=1;rotary_cos=given;rotary_sin=given;args.rotary_interleaved=1")]
+
+
+def cache_rows(call, name):
+    """The cache k or v of the contiguous cache form as float32 [B, NK, HKV, D]."""
+    now = np.empty(B * NK * HKV * D, dtype=np.float32)
+    low.flashattn_buffer_read(call.buffers[name], 0, now.view(np.uint8))
+    return now.reshape(B, NK, HKV, D)
+
+
+@pytest.mark.parametrize("op,mutations", CACHE_BASELINES)
+def test_cache_baseline_succeeds(op, mutations):
+    call = Call(op)
+    try:
+        for m in mutations.split(";"):
+            call.mutate(m)
+        call.run()
+        if op == "forward_ex" and "k_new=given" in mutations and "rotary" not in mutations:
+            # The rows appended where each sequence's tokens end (a paged cache with the identity
+            # table stores token t of sequence b at row b * NK + t as well), nothing else; rows
+            # a rotary embedding changed are tested in test_kvcache.py.
+            for name in ("k", "v"):
+                rows = cache_rows(call, name)
+                for b, held in enumerate(CACHE_SEQLENS):
+                    assert np.all(rows[b, held:held + N_NEW] == NEW_ROWS_VALUE), (name, b)
+                    assert np.all(rows[b, :held] == 0.5) and np.all(rows[b, held + N_NEW:] == 0.5)
     finally:
         call.close()
 

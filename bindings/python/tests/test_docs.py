@@ -32,3 +32,14 @@ def test_the_documented_merge_runs():
     with contextlib.redirect_stdout(printed):
         exec(compile(block, str(DOCS), "exec"), {})
     assert printed.getvalue() == "True (1, 16, 2, 8) (1, 2, 16)\n"
+
+
+def test_the_documented_kv_cache_runs():
+    # The section's first Python block (the Go and Rust ones follow it).
+    section = DOCS.read_text().split("## KV cache", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "attention_with_kvcache" in block
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block, str(DOCS), "exec"), {})
+    assert printed.getvalue() == "(2, 1, 2, 16) True\n"

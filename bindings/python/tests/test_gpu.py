@@ -161,3 +161,19 @@ def test_merge_of_split_keys_is_the_whole_attention(dtype, causal):
     flashattn.merge(parts, parts_lse, out=parts[0], lse=parts_lse[0])
     torch.cuda.synchronize()
     assert torch.equal(parts[0], merged) and torch.equal(parts_lse[0], merged_lse)
+
+
+def test_kvcache_is_unsupported_on_cuda():
+    # The CUDA backend has no KV cache call yet: it answers UNSUPPORTED and appends nothing.
+    b, capacity, hq, hkv, d = 2, 32, 8, 2, 64
+    q = torch.randn(b, 1, hq, d, device=DEVICE, dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(b, capacity, hkv, d, device=DEVICE, dtype=torch.float16)
+                        for _ in range(2))
+    k_new, v_new = (torch.ones(b, 1, hkv, d, device=DEVICE, dtype=torch.float16) for _ in range(2))
+    seqlens = torch.tensor([3, 7], dtype=torch.int32, device=DEVICE)
+    before = k_cache.clone(), v_cache.clone()
+    with pytest.raises(flashattn.Error) as e:
+        flashattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new)
+    assert e.value.status == flashattn.flashattn_swig.FLASHATTN_ERROR_UNSUPPORTED, e.value
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])

@@ -10,7 +10,9 @@ Layout: q [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_
 (heads_q a multiple of heads_kv; v may have a head_dim of its own), any strides whose last one is
 1; the LSE is [batch, heads_q, seqlen_q] float32. Variants: a sliding window, a softcap, ALiBi
 slopes, attention sinks, and variable-length batches (cu_seqlens_q / cu_seqlens_k, packed
-[total_tokens, heads, head_dim] tensors); see attention(). dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
+[total_tokens, heads, head_dim] tensors); see attention(). attention_with_kvcache() attends over a
+KV cache, contiguous or paged, appending new rows into it in place and applying a rotary
+embedding (forward only). dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
 ml_dtypes). Inputs are read in place (no copy); outputs are new arrays of the inputs' kind, on
 their device. On the GPU the work is ordered on the inputs' library's current stream. The GIL is
 released while the library computes. A failing call raises flashattn.Error, whose message is the
@@ -25,8 +27,8 @@ from ._lib import Context, Error, low
 
 flashattn_swig = low
 
-__all__ = ["attention", "attention_backward", "merge", "Context", "Error", "cuda_device_count",
-           "has_cuda", "version", "flashattn_swig"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "merge", "Context",
+           "Error", "cuda_device_count", "has_cuda", "version", "flashattn_swig"]
 
 
 def version():
@@ -106,6 +108,59 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                               max_seqlen_k)
     return _core.backward(dout, q, k, v, out, lse, causal, scale, algorithm, deterministic, window,
                           softcap, context=context, variants=variants)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=None, k_new=None,
+                           v_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                           causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
+                           sinks=None, out=None, return_lse=False, algorithm="flash",
+                           num_splits=None, context=None):
+    """Attention of q over a KV cache; returns out, or (out, lse) with return_lse=True. With
+    k_new and v_new, their rows are first written into k_cache and v_cache (in place) after each
+    sequence's cached tokens, and attended too. Forward only: no gradient flows through it.
+
+    q [batch, N_q, heads_q, head_dim]: each sequence's last N_q tokens (N_q = 1 for a decode
+    step); out [batch, N_q, heads_q, head_dim_v], lse [batch, heads_q, N_q] float32.
+    k_cache, v_cache: a contiguous cache [batch, capacity, heads_kv, head_dim] (v: head_dim_v),
+        or with block_table a paged one [num_pages, page_size, heads_kv, head_dim] (any
+        page_size >= 1).
+    cache_seqlens: int32 [batch], the tokens sequence b holds before the call (not updated by
+        it).
+    block_table: int32 [batch, pages per sequence]: token t of sequence b lies in page
+        block_table[b, t // page_size] at row t % page_size; entries past the pages a sequence
+        uses are not read (e.g. -1). Pages may be shared by sequences that only read them.
+    k_new, v_new: [batch, N_new, heads_kv, head_dim] (v: head_dim_v): written as tokens
+        cache_seqlens[b] .. cache_seqlens[b] + N_new - 1; sequence b then attends over
+        len_k = cache_seqlens[b] + N_new keys (at most the capacity). The caches must then be
+        writable arrays (a read-only numpy array raises ValueError; nothing is copied) that
+        share no memory with any other argument.
+    rotary_cos, rotary_sin: [positions, R / 2] (float32 or q's dtype, R even and <= head_dim):
+        the first R features of q and k_new are rotated before use (query i of sequence b at
+        position len_k - N_q + i, new row i at cache_seqlens[b] + i; cached tokens are taken
+        as already rotated): the pair (x, y) becomes (x cos - y sin, x sin + y cos). The pairs
+        are (r, r + R / 2) (GPT-NeoX's layout), or (2r, 2r + 1) with rotary_interleaved=True
+        (GPT-J's). q itself is not modified.
+    causal, scale, window, softcap, alibi_slopes, sinks, algorithm, num_splits, context: as for
+        attention(); every mask is aligned at the end (diag = len_k - N_q of each sequence).
+    out: an array of out's shape and q's dtype to write the result into instead of a new one.
+    The CPU backend checks the lengths, the table entries a sequence uses and the rotary
+    positions (flashattn.Error with FLASHATTN_ERROR_INVALID_SHAPE, nothing written); the CUDA
+    backend answers FLASHATTN_ERROR_UNSUPPORTED for now.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.is_grad_enabled():
+        # A result without a gradient would break a training step silently: refuse instead.
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new),
+                        ("v_new", v_new), ("sinks", sinks)):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise ValueError("attention_with_kvcache is forward only, but %s requires grad: "
+                                 "call it under torch.no_grad() or pass detached tensors" % name)
+    cache = _core.KVCache(cache_seqlens, block_table, k_new, v_new, rotary_cos, rotary_sin,
+                          rotary_interleaved)
+    out, lse = _core.kvcache_forward(q, k_cache, v_cache, cache, causal, scale, algorithm, window,
+                                     softcap, num_splits, alibi_slopes, sinks, out=out,
+                                     want_lse=return_lse, context=context)
+    return (out, lse) if return_lse else out
 
 
 def merge(parts_out, parts_lse, *, out=None, lse=None, return_lse=False, context=None):

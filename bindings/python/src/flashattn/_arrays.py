@@ -11,7 +11,8 @@ from ._lib import Error, low
 FLOAT32 = low.FLASHATTN_DTYPE_FLOAT32
 FLOAT16 = low.FLASHATTN_DTYPE_FLOAT16
 BFLOAT16 = low.FLASHATTN_DTYPE_BFLOAT16
-INT32 = low.FLASHATTN_DTYPE_INT32  # the offsets of a variable-length batch
+# Offsets of a variable-length batch, a KV cache's lengths and block table.
+INT32 = low.FLASHATTN_DTYPE_INT32
 
 # cudaStreamLegacy: what a stream handle of 0 (the default stream) means to torch and cupy. A NULL
 # stream would mean "the context's own stream" to flashattn_context_set_stream.
@@ -57,8 +58,8 @@ def _dtype_code(name, dtype):
     if dtype == np.int32:
         return INT32
     raise Error(low.FLASHATTN_ERROR_INVALID_DTYPE,
-                "%s: dtype %s is not supported (float32, float16 or bfloat16; int32 for offsets)"
-                % (name, dtype))
+                "%s: dtype %s is not supported (float32, float16 or bfloat16; int32 for offsets, "
+                "lengths and block tables)" % (name, dtype))
 
 
 def _element_strides(name, byte_strides, itemsize):
@@ -86,7 +87,7 @@ def _from_torch(name, x, torch):
     if x.dtype not in codes:
         raise Error(low.FLASHATTN_ERROR_INVALID_DTYPE,
                     "%s: dtype %s is not supported (float32, float16 or bfloat16; int32 for "
-                    "offsets)" % (name, x.dtype))
+                    "offsets, lengths and block tables)" % (name, x.dtype))
     if x.device.type == "cuda":
         device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     elif x.device.type == "cpu":

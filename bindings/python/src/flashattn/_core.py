@@ -155,6 +155,71 @@ def forward(q, k, v, causal=False, scale=None, algorithm="flash", deterministic=
     return out, lse
 
 
+class KVCache:
+    """The tensors of a KV cache call (flashattn_args_t's cache fields): the tokens each sequence
+    holds (cache_seqlens), the pages of a paged cache (block_table), the rows to append (k_new,
+    v_new) and the rotary tables (rotary_cos, rotary_sin) with their layout."""
+
+    __slots__ = ("cache_seqlens", "block_table", "k_new", "v_new", "rotary_cos", "rotary_sin",
+                 "rotary_interleaved")
+
+    def __init__(self, cache_seqlens, block_table=None, k_new=None, v_new=None, rotary_cos=None,
+                 rotary_sin=None, rotary_interleaved=False):
+        self.cache_seqlens, self.block_table = cache_seqlens, block_table
+        self.k_new, self.v_new = k_new, v_new
+        self.rotary_cos, self.rotary_sin = rotary_cos, rotary_sin
+        self.rotary_interleaved = rotary_interleaved
+
+    def tensors(self):
+        """(field name, array or None) of every field but the layout flag."""
+        return tuple((n, getattr(self, n)) for n in self.__slots__ if n != "rotary_interleaved")
+
+
+def _writable(array, why):
+    """Refuses an array the call writes into that its owner marked read-only (a numpy array; torch
+    and cupy arrays have no such flag): the library would write through the address regardless,
+    and a copy would leave the caller's array without the result."""
+    if array.kind == "numpy" and not array.obj.flags.writeable:
+        raise ValueError("%s: the array is read-only, but %s; pass a writable array"
+                         % (array.name, why))
+
+
+def kvcache_forward(q, k_cache, v_cache, cache, causal=False, scale=None, algorithm="flash",
+                    window=None, softcap=None, num_splits=None, alibi_slopes=None, sinks=None,
+                    out=None, want_lse=False, context=None):
+    """(out, lse or None) of a KV cache forward (flashattn_forward_ex with cache_seqlens); with
+    cache.k_new the rows are written into k_cache and v_cache in place first. out is written when
+    given, else allocated like q."""
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    named += [(n, t) for n, t in cache.tensors() if t is not None]
+    named += [(n, t) for n, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks), ("out", out))
+              if t is not None]
+    described = dict(zip([n for n, _ in named],
+                         _arrays.describe_all([n for n, _ in named], [t for _, t in named])))
+    aq, ak, av = described.pop("q"), described.pop("k_cache"), described.pop("v_cache")
+    if cache.k_new is not None:
+        for a in (ak, av):
+            _writable(a, "k_new is given and the call appends the new rows into the cache in place")
+    a_out = described.pop("out", None)
+    if a_out is None:
+        out = _arrays.empty(aq, _out_shape(aq, av))
+        a_out = _arrays.describe("out", out)
+    else:
+        _writable(a_out, "the call writes its result there")
+    lse_shape = _lse_shape(aq)
+    lse = _arrays.empty(aq, lse_shape, float32=True) if want_lse and lse_shape else None
+    a_lse = _arrays.describe("lse", lse) if lse is not None else None
+    # deterministic is a backward setting: a forward has nothing to choose there.
+    opts = options(causal, scale, algorithm, deterministic=False, window=window, softcap=softcap,
+                   num_splits=num_splits)
+    # The struct's fields: the cache is the call's k and v.
+    args = _Args(opts, NO_VARIANTS, dict(q=aq, k=ak, v=av, out=a_out, lse=a_lse, **described))
+    args.struct.rotary_interleaved = int(bool(cache.rotary_interleaved))
+    ctx = _context(aq, context)
+    low.flashattn_forward_ex(ctx.handle, args.struct, None, 0)
+    return out, lse
+
+
 def backward(dout, q, k, v, out, lse, causal=False, scale=None, algorithm="flash",
              deterministic=False, window=None, softcap=None, num_splits=None, context=None,
              variants=NO_VARIANTS):

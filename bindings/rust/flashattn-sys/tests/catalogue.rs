@@ -18,14 +18,24 @@ const D: usize = 32;
 const POISON: u8 = 0xA5;
 const OPTIONS_BLOCK: usize = 4096;
 const SIZE_SENTINEL: usize = 0xDEAD_BEEF_CAFE_F00D;
-const NAMES: [&str; 16] = [
+const NAMES: [&str; 22] = [
     "q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "alibi_slopes", "sinks", "dsinks", "cu_seqlens_q", "cu_seqlens_k",
-    "parts_out", "parts_lse",
+    "cache_seqlens", "block_table", "k_new", "v_new", "rotary_cos", "rotary_sin", "parts_out", "parts_lse",
 ];
-/// The variant tensors (the next five names) exist for the _ex ops only, the merge's parts (the
-/// last two) for the merge only (FORMAT.md).
+/// The variant tensors (the next five names) and then the KV cache's (six) exist for the _ex ops
+/// only, created in this order, the merge's parts (the last two) for the merge only (FORMAT.md).
 const PLAIN_TENSORS: usize = 9;
-const EX_TENSORS: usize = 14;
+const EX_TENSORS: usize = 20;
+/// The KV cache form (FORMAT.md): four query tokens, 40 and 44 tokens held, four rows appended,
+/// six pages of 16 rows (three per sequence), rotary tables of 48 positions over all 32 features.
+const CACHE_QUERIES: usize = 4;
+const CACHE_NEW: usize = 4;
+const PAGES: usize = 6;
+const PAGE_ROWS: usize = 16;
+const PAGES_PER_SEQ: usize = 3;
+const POSITIONS: usize = 48;
+const CACHE_SEQLENS: [i32; B] = [40, 44];
+const BLOCK_TABLE: [i32; B * PAGES_PER_SEQ] = [0, 1, 2, 3, 4, 5];
 const OPS: [&str; 9] =
     ["forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex", "merge"];
 /// The merge's parts: three of out's and lse's shapes, one after another.
@@ -39,11 +49,38 @@ fn merge_bytes(name: &str) -> Option<usize> {
     }
 }
 
-fn offsets(name: &str) -> Option<[i32; 3]> {
+/// The int32 tensors' contents: the offsets of the variable-length form, the cache's lengths
+/// and block table.
+fn int_values(name: &str) -> Option<Vec<i32>> {
     match name {
-        "cu_seqlens_q" => Some([0, NQ as i32, 2 * NQ as i32]),
-        "cu_seqlens_k" => Some([0, NK as i32, 2 * NK as i32]),
+        "cu_seqlens_q" => Some(vec![0, NQ as i32, 2 * NQ as i32]),
+        "cu_seqlens_k" => Some(vec![0, NK as i32, 2 * NK as i32]),
+        "cache_seqlens" => Some(CACHE_SEQLENS.to_vec()),
+        "block_table" => Some(BLOCK_TABLE.to_vec()),
         _ => None,
+    }
+}
+
+/// A KV cache tensor's view (dtype, shape; contiguous strides): None for the other names.
+fn cache_view(name: &str) -> Option<(flashattn_dtype_t, Vec<usize>)> {
+    let (int32, float32) = (flashattn_dtype_FLASHATTN_DTYPE_INT32, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32);
+    match name {
+        "cache_seqlens" => Some((int32, vec![B])),
+        "block_table" => Some((int32, vec![B, PAGES_PER_SEQ])),
+        "k_new" | "v_new" => Some((float32, vec![B, CACHE_NEW, HKV, D])),
+        "rotary_cos" | "rotary_sin" => Some((float32, vec![POSITIONS, D / 2])),
+        _ => None,
+    }
+}
+
+/// Sets a view's shape and its contiguous (row-major) strides; the dimensions past it are 0.
+fn set_contiguous(t: &mut flashattn_tensor_t, shape: &[usize]) {
+    t.rank = shape.len() as i32;
+    (t.shape, t.strides) = ([0; 4], [0; 4]);
+    let mut stride = 1;
+    for (i, &n) in shape.iter().enumerate().rev() {
+        (t.shape[i], t.strides[i]) = (n as i64, stride as i64);
+        stride *= n;
     }
 }
 
@@ -156,16 +193,21 @@ impl Call {
         (c.merge.num_parts, c.merge.parts_out_stride, c.merge.parts_lse_stride) = (PARTS as i64, (B * NQ * HQ * D) as i64, (B * HQ * NQ) as i64);
         for name in c.names.clone() {
             let s = shape(name);
+            let cache = cache_view(name);
+            let s = cache.as_ref().map_or(s, |(_, shape)| shape.clone());
             let bytes = merge_bytes(name).or(variant_bytes(name)).unwrap_or_else(|| 4 * s.iter().product::<usize>());
             let mut buf = ptr::null_mut();
             check(unsafe { flashattn_buffer_create(&mut buf, ctx, bytes) }, "buffer");
             c.buffers.insert(name, buf);
             let data: Vec<u8> = if outputs(op).contains(&name) {
                 vec![POISON; bytes]
-            } else if let Some(o) = offsets(name) {
+            } else if let Some(o) = int_values(name) {
                 o.iter().flat_map(|x| x.to_ne_bytes()).collect()
             } else {
-                std::iter::repeat(0.5f32.to_ne_bytes()).take(bytes / 4).flatten().collect()
+                // The rows to append differ from what k and v hold (FORMAT.md), so a refused
+                // call's append would show.
+                let value: f32 = if name == "k_new" || name == "v_new" { 0.25 } else { 0.5 };
+                std::iter::repeat(value.to_ne_bytes()).take(bytes / 4).flatten().collect()
             };
             check(unsafe { flashattn_buffer_write(buf, 0, data.as_ptr().cast(), bytes) }, "write");
             c.contents.insert(name, data);
@@ -173,22 +215,27 @@ impl Call {
             check(unsafe { flashattn_buffer_data(&mut address, buf) }, "data");
             c.ends.insert(name, address as usize + bytes);
             let mut view = Box::new(unsafe { std::mem::zeroed::<flashattn_tensor_t>() });
-            let (a, b2, c2) = (s[0] as i64, s[1] as i64, s[2] as i64);
-            if variant_bytes(name).is_some() {
+            if let Some((dtype, shape)) = &cache {
+                view.data = address;
+                view.dtype = *dtype;
+                set_contiguous(&mut view, shape);
+            } else if variant_bytes(name).is_some() {
                 view.data = address;
                 view.rank = 1;
                 view.strides[0] = 1;
-                (view.dtype, view.shape[0]) = match offsets(name) {
+                (view.dtype, view.shape[0]) = match int_values(name) {
                     Some(_) => (flashattn_dtype_FLASHATTN_DTYPE_INT32, B as i64 + 1),
                     None => (flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, HQ as i64),
                 };
             } else if name == "lse" || name == "parts_lse" {
-                check(unsafe { flashattn_tensor_lse(&mut *view, address, a, b2, c2) }, "tensor_lse");
+                check(unsafe { flashattn_tensor_lse(&mut *view, address, s[0] as i64, s[1] as i64, s[2] as i64) }, "tensor_lse");
             } else {
-                check(unsafe { flashattn_tensor_4d(&mut *view, address, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, a, b2, c2, s[3] as i64) }, "tensor_4d");
+                let [a, b2, c2, d2] = [s[0], s[1], s[2], s[3]].map(|n| n as i64);
+                check(unsafe { flashattn_tensor_4d(&mut *view, address, flashattn_dtype_FLASHATTN_DTYPE_FLOAT32, a, b2, c2, d2) }, "tensor_4d");
             }
             c.views.insert(name, view);
-            c.passed.insert(name, variant_bytes(name).is_none()); // variant tensors: given by a mutation
+            // The variant and KV cache tensors are given by a mutation.
+            c.passed.insert(name, variant_bytes(name).is_none() && cache.is_none());
         }
         check(unsafe { flashattn_options_init(c.options()) }, "options_init");
         c.options_sizeof = unsafe { (*c.options()).size };
@@ -219,6 +266,33 @@ impl Call {
         }
         self.args.max_seqlen_q = NQ as i64;
         self.args.max_seqlen_k = NK as i64;
+        Ok(())
+    }
+
+    /// The KV cache form of the baseline (FORMAT.md): four query tokens against the contiguous
+    /// cache that k and v are, cache_seqlens given.
+    fn make_cache(&mut self) -> Result<(), String> {
+        if !self.views.contains_key("cache_seqlens") {
+            return Err("cache=1 needs an _ex op".into());
+        }
+        for name in ["q", "out"] {
+            set_contiguous(self.view(name)?, &[B, CACHE_QUERIES, HQ, D]);
+        }
+        set_contiguous(self.view("lse")?, &[B, HQ, CACHE_QUERIES]);
+        self.passed.insert("cache_seqlens", true);
+        Ok(())
+    }
+
+    /// The paged form of the cache: k and v as six pages of 16 rows over the same buffers,
+    /// block_table given.
+    fn make_paged(&mut self) -> Result<(), String> {
+        if !self.passed.get("cache_seqlens").copied().unwrap_or(false) {
+            return Err("paged=1 comes after cache=1".into());
+        }
+        for name in ["k", "v"] {
+            set_contiguous(self.view(name)?, &[PAGES, PAGE_ROWS, HKV, D]);
+        }
+        self.passed.insert("block_table", true);
         Ok(())
     }
 
@@ -263,6 +337,9 @@ impl Call {
             ("args.max_seqlen_q", n) => self.args.max_seqlen_q = int(n)?,
             ("args.max_seqlen_k", n) => self.args.max_seqlen_k = int(n)?,
             ("varlen", "1") => self.make_varlen()?,
+            ("cache", "1") => self.make_cache()?,
+            ("paged", "1") => self.make_paged()?,
+            ("args.rotary_interleaved", n) => self.args.rotary_interleaved = int(n)?,
             _ if key.starts_with("options.") => {
                 let o = self.options();
                 // SAFETY: o points at the start of the block, which holds a whole options struct.
@@ -377,9 +454,11 @@ impl Call {
         let (q, k, v) = (self.arg("q"), self.arg("k"), self.arg("v"));
         let fields = [q, k, v, self.arg("out"), self.arg("lse"), self.arg("dout"), self.arg("dq"), self.arg("dk"), self.arg("dv"),
             self.arg("alibi_slopes"), self.arg("sinks"), self.arg("dsinks"), self.arg("cu_seqlens_q"), self.arg("cu_seqlens_k")];
+        let cache = ["cache_seqlens", "block_table", "k_new", "v_new", "rotary_cos", "rotary_sin"].map(|n| self.arg(n));
         let a = &mut self.args;
         a.options = opts;
         [a.q, a.k, a.v, a.out, a.lse, a.dout, a.dq, a.dk, a.dv, a.alibi_slopes, a.sinks, a.dsinks, a.cu_seqlens_q, a.cu_seqlens_k] = fields;
+        [a.cache_seqlens, a.block_table, a.k_new, a.v_new, a.rotary_cos, a.rotary_sin] = cache;
         let args: *const flashattn_args_t = if self.pass_args { &self.args } else { ptr::null() };
         let m = [self.arg("parts_out"), self.arg("parts_lse"), self.arg("out"), self.arg("lse")];
         [self.merge.parts_out, self.merge.parts_lse, self.merge.out, self.merge.lse] = m;
@@ -438,16 +517,22 @@ impl Drop for Call {
 }
 
 /// The unmutated baselines succeed (else a case could pass for a reason other than its
-/// mutation), the _ex ops also with every variant tensor given and in the variable-length form.
+/// mutation), the _ex ops also with every variant tensor given, in the variable-length form and
+/// in the KV cache forms (forward only: a backward of those is a catalogue line).
 #[test]
 fn baselines_succeed() {
     let variants = ["-", "alibi_slopes=given;sinks=given;dsinks=given", "varlen=1",
-        "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"];
+        "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4",
+        "cache=1", "cache=1;paged=1", "cache=1;k_new=given;v_new=given", "cache=1;rotary_cos=given;rotary_sin=given",
+        "cache=1;paged=1;k_new=given;v_new=given;rotary_cos=given;rotary_sin=given;args.rotary_interleaved=1;sinks=given;alibi_slopes=given"];
     let merge_variants = ["-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse", "args.parts_out_stride=0;args.parts_lse_stride=0"];
     for op in OPS {
         let lines: &[&str] = if op == "merge" { &merge_variants } else { &variants };
         for mutations in lines.iter().filter(|m| **m == "-" || op.ends_with("_ex") || op == "merge") {
             for backward in [0, 1] {
+                if mutations.contains("cache=1") && (backward == 1 || op == "backward_ex") {
+                    continue;
+                }
                 let mut call = Call::new(op);
                 if *mutations != "-" {
                     for m in mutations.split(';') {

@@ -30,11 +30,13 @@ use std::ptr::{self, NonNull};
 use flashattn_sys as sys;
 
 mod host;
+mod kvcache;
 mod merge;
 mod variants;
 mod view;
 
 pub use host::Dims;
+pub use kvcache::{KvCache, Rotary};
 pub use merge::Parts;
 pub use variants::{Gradients, Variants};
 pub use view::{Element, View, ViewMut, BF16, F16};
@@ -167,7 +169,7 @@ pub enum DType {
     F32,
     F16,
     BF16,
-    /// i32: the offsets of a variable-length batch only
+    /// i32: the offsets of a variable-length batch, a KV cache's lengths and block table only
     I32,
 }
 

@@ -49,13 +49,13 @@ pub struct Gradients<'g, 'a> {
     pub dsinks: Option<&'g mut ViewMut<'a>>,
 }
 
-fn opt(v: Option<&View>) -> *const sys::flashattn_tensor_t {
+pub(crate) fn opt(v: Option<&View>) -> *const sys::flashattn_tensor_t {
     v.map_or(ptr::null(), |v| v.as_raw())
 }
 
 impl Variants<'_, '_> {
     /// The args struct with the variants and the options filled in.
-    fn args(&self, options: &sys::flashattn_options_t) -> Result<sys::flashattn_args_t> {
+    pub(crate) fn args(&self, options: &sys::flashattn_options_t) -> Result<sys::flashattn_args_t> {
         let mut a = std::mem::MaybeUninit::<sys::flashattn_args_t>::uninit();
         // SAFETY: given the struct's own size, args_init_sized fills the whole struct on
         // success (what C's flashattn_args_init(&a) macro passes).

@@ -32,7 +32,7 @@ pub struct F16(pub u16);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BF16(pub u16);
 
-// SAFETY: a 32-bit two's complement integer (the offsets of a variable-length batch).
+// SAFETY: a 32-bit two's complement integer (offsets, cache lengths, block tables).
 unsafe impl Element for i32 {
     const DTYPE: DType = DType::I32;
 }
@@ -227,6 +227,13 @@ impl<'a> ViewMut<'a> {
     /// As [`View::from_raw`], and nothing else may read or write the memory meanwhile.
     pub unsafe fn from_raw(raw: sys::flashattn_tensor_t) -> ViewMut<'a> {
         ViewMut { raw, _borrow: PhantomData }
+    }
+
+    /// The same memory as a read-only view, for as long as this one is borrowed (e.g. to ask
+    /// [`Context::supported_kvcache`](crate::Context::supported_kvcache) about a cache that a
+    /// call will write): while it lives, this view cannot be handed to a call as an output.
+    pub fn as_view(&self) -> View<'_> {
+        View { raw: self.raw, _borrow: PhantomData }
     }
 
     pub fn as_raw(&mut self) -> *const sys::flashattn_tensor_t {

@@ -39,3 +39,20 @@ fn docs_show_the_merge_example() {
         assert!(source.contains(&format!("//! {line}\n")), "the documented line {line:?} is not merge.rs's example");
     }
 }
+
+#[test]
+fn docs_show_the_kvcache_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../..");
+    let docs = std::fs::read_to_string(format!("{root}/docs/bindings.md")).expect("docs/bindings.md");
+    let section = &docs[docs.find("## KV cache").expect("a KV cache section")..];
+    // The section ends at the next one; the other languages' blocks in it are theirs.
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |n| n + 1)];
+    let source = include_str!("../src/kvcache.rs");
+    let start = section.find("```rust\n").expect("a rust block in the KV cache section") + "```rust\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let lines: Vec<&str> = block.trim().lines().collect();
+    assert!(lines.iter().any(|l| l.contains("forward_kvcache")), "the KV cache block does not call forward_kvcache");
+    for line in lines {
+        assert!(source.contains(&format!("//! {line}\n")), "the documented line {line:?} is not kvcache.rs's example");
+    }
+}

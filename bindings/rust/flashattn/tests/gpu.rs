@@ -124,3 +124,66 @@ fn gpu_merge() {
     check_merge::<F16>(&gpu, &cpu);
     check_merge::<BF16>(&gpu, &cpu);
 }
+
+/// The KV cache on a CUDA context, a decode step appending one row: while the CUDA backend has
+/// no KV cache path the library says so (UNSUPPORTED, naming the KV cache) and writes nothing;
+/// once it has one, out and the cache must be the CPU backend's, up to the dtype's rounding.
+#[test]
+#[ignore = "needs a CUDA device: run with --ignored on a machine with one"]
+fn gpu_kvcache() {
+    use flashattn::KvCache;
+    let gpu = gpu();
+    let cpu = Context::new(Backend::Cpu, 0).unwrap();
+    let (b, capacity, hq, hkv, d) = (2usize, 64usize, 4usize, 2usize, 64usize);
+    let (qs, cs, ns, ls) = ([b, 1, hq, d], [b, capacity, hkv, d], [b, 1, hkv, d], [b, hq, 1]);
+    let n = |s: &[usize]| s.iter().product::<usize>();
+    let (q, k, v) = (random::<F16>(n(&qs), 41), random::<F16>(n(&cs), 42), random::<F16>(n(&cs), 43));
+    let (k_new, v_new, held) = (random::<F16>(n(&ns), 44), random::<F16>(n(&ns), 45), [10i32, 40]);
+    let options = Options::default().causal(true);
+
+    // The CPU's result over host slices.
+    let (mut ck, mut cv, mut c_out, mut c_lse) = (k.clone(), v.clone(), vec![F16::default(); n(&qs)], vec![0f32; n(&ls)]);
+    {
+        let (hv, knv, vnv) = (View::new(&held, &[b]).unwrap(), View::new(&k_new, &ns).unwrap(), View::new(&v_new, &ns).unwrap());
+        cpu.forward_kvcache(
+            &View::new(&q, &qs).unwrap(), &mut ViewMut::new(&mut ck, &cs).unwrap(), &mut ViewMut::new(&mut cv, &cs).unwrap(),
+            &mut ViewMut::new(&mut c_out, &qs).unwrap(), Some(&mut ViewMut::new(&mut c_lse, &ls).unwrap()),
+            &KvCache::new(&hv).append(&knv, &vnv), &flashattn::Variants::default(), &options,
+        )
+        .expect("CPU KV cache forward");
+    }
+
+    let (qb, kn_b, vn_b, held_b) = (gpu.buffer_from(&q).unwrap(), gpu.buffer_from(&k_new).unwrap(), gpu.buffer_from(&v_new).unwrap(), gpu.buffer_from(&held).unwrap());
+    let (mut kb, mut vb) = (gpu.buffer_from(&k).unwrap(), gpu.buffer_from(&v).unwrap());
+    let (mut ob, mut lb) = (gpu.buffer(n(&qs) * 2).unwrap(), gpu.buffer(n(&ls) * 4).unwrap());
+    let result = {
+        let view = |buf, dtype, shape: &[usize]| View::of_buffer(buf, 0, dtype, shape, None).unwrap();
+        let (qv, knv, vnv, hv) = (view(&qb, DType::F16, &qs), view(&kn_b, DType::F16, &ns), view(&vn_b, DType::F16, &ns), view(&held_b, DType::I32, &[b]));
+        gpu.forward_kvcache(
+            &qv, &mut ViewMut::of_buffer(&mut kb, 0, DType::F16, &cs, None).unwrap(), &mut ViewMut::of_buffer(&mut vb, 0, DType::F16, &cs, None).unwrap(),
+            &mut ViewMut::of_buffer(&mut ob, 0, DType::F16, &qs, None).unwrap(), Some(&mut ViewMut::of_buffer(&mut lb, 0, DType::F32, &ls, None).unwrap()),
+            &KvCache::new(&hv).append(&knv, &vnv), &flashattn::Variants::default(), &options,
+        )
+    };
+    gpu.synchronize().unwrap();
+    let (mut gk, mut gv) = (vec![F16::default(); k.len()], vec![F16::default(); v.len()]);
+    kb.read(0, &mut gk).unwrap();
+    vb.read(0, &mut gv).unwrap();
+    match result {
+        Err(e) if e.status() == Status::UNSUPPORTED => {
+            assert!(e.message().contains("KV cache"), "UNSUPPORTED without naming the KV cache: {e}");
+            assert!(gk == k && gv == v, "a refused KV cache call wrote the cache");
+            eprintln!("gpu_kvcache: the CUDA backend refuses the KV cache: {e}");
+        }
+        Err(e) => panic!("GPU KV cache forward: {e}"),
+        Ok(()) => {
+            // Appending copies rows: the caches agree bit for bit.
+            assert!(gk == ck && gv == cv, "the GPU's cache after the call differs from the CPU's");
+            let mut g_out = vec![F16::default(); n(&qs)];
+            ob.read(0, &mut g_out).unwrap();
+            let ulp = 1.0 / 1024.0;
+            let worst = to_f64(&g_out).iter().zip(to_f64(&c_out)).map(|(g, c)| (g - c).abs() / c.abs().max(1.0)).fold(0.0, f64::max);
+            assert!(worst <= 4.0 * ulp, "GPU and CPU KV cache outputs differ by {worst}");
+        }
+    }
+}
