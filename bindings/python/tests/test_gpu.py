@@ -163,17 +163,31 @@ def test_merge_of_split_keys_is_the_whole_attention(dtype, causal):
     assert torch.equal(parts[0], merged) and torch.equal(parts_lse[0], merged_lse)
 
 
-def test_kvcache_is_unsupported_on_cuda():
-    # The CUDA backend has no KV cache call yet: it answers UNSUPPORTED and appends nothing.
-    b, capacity, hq, hkv, d = 2, 32, 8, 2, 64
-    q = torch.randn(b, 1, hq, d, device=DEVICE, dtype=torch.float16)
-    k_cache, v_cache = (torch.randn(b, capacity, hkv, d, device=DEVICE, dtype=torch.float16)
-                        for _ in range(2))
-    k_new, v_new = (torch.ones(b, 1, hkv, d, device=DEVICE, dtype=torch.float16) for _ in range(2))
-    seqlens = torch.tensor([3, 7], dtype=torch.int32, device=DEVICE)
-    before = k_cache.clone(), v_cache.clone()
-    with pytest.raises(flashattn.Error) as e:
-        flashattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new=k_new, v_new=v_new)
-    assert e.value.status == flashattn.flashattn_swig.FLASHATTN_ERROR_UNSUPPORTED, e.value
+@pytest.mark.parametrize("page_size", [0, 16, 7])
+def test_kvcache_on_cuda_is_the_cpu_result(page_size):
+    # One decode step appending a token, contiguous and paged: CUDA's output and cache beside
+    # the CPU backend's on the same values (torch CPU tensors).
+    b, capacity, hq, hkv, d = 2, 64, 8, 2, 64
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(b, 1, hq, d, generator=g).to(torch.float16)
+    k_new, v_new = (torch.randn(b, 1, hkv, d, generator=g).to(torch.float16) for _ in range(2))
+    seqlens = torch.tensor([3, 40], dtype=torch.int32)
+    if page_size:
+        pages = b * (capacity // page_size + 1)
+        k_cache, v_cache = (torch.randn(pages, page_size, hkv, d, generator=g).to(torch.float16)
+                            for _ in range(2))
+        table = torch.randperm(pages, generator=g)[:b * (capacity // page_size)]
+        table = table.reshape(b, -1).to(torch.int32).contiguous()
+    else:
+        k_cache, v_cache = (torch.randn(b, capacity, hkv, d, generator=g).to(torch.float16)
+                            for _ in range(2))
+        table = None
+    gpu = [t.to(DEVICE) if t is not None else None
+           for t in (q, k_cache, v_cache, seqlens, table, k_new, v_new)]
+    out_gpu = flashattn.attention_with_kvcache(gpu[0], gpu[1], gpu[2], gpu[3], block_table=gpu[4],
+                                               k_new=gpu[5], v_new=gpu[6], causal=True)
+    out_cpu = flashattn.attention_with_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                               k_new=k_new, v_new=v_new, causal=True)
     torch.cuda.synchronize()
-    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+    assert torch.equal(gpu[1].cpu(), k_cache) and torch.equal(gpu[2].cpu(), v_cache)
+    assert err(out_gpu.cpu().float(), out_cpu.float()) <= 4 * ATOL["float16"]
