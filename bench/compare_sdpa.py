@@ -299,6 +299,42 @@ def sweep_shapes(args):
             if 16384 % n == 0 and 2048 % d == 0]
 
 
+# Page sizes of the paged decode columns (ours only: the peers take no pages through SDPA).
+PAGED_DECODE_ROWS = (16, 64)
+
+
+def paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of):
+    """A forward over k, v's tokens as a paged KV cache of `rows`-row pages, shuffled; returns
+    the call (a closure over its views, which it keeps alive)."""
+    import torch
+    B, N, Hkv, D = k.shape
+    per_seq = -(-N // rows)
+    perm = torch.randperm(B * per_seq, device=k.device)
+    table = perm.reshape(B, per_seq).to(torch.int32).contiguous()
+    pad = per_seq * rows - N
+    kp, vp = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).reshape(B * per_seq, rows, Hkv, D)
+              for t in (k, v))
+    kpages, vpages = torch.empty_like(kp), torch.empty_like(vp)
+    kpages[perm], vpages[perm] = kp, vp
+    lens = torch.full((B,), N, dtype=torch.int32, device=k.device)
+    dt = {torch.bfloat16: DTYPE_BF16, torch.float16: DTYPE_F16}[q.dtype]
+    views = [view_of(q, dt), view_of(kpages, dt), view_of(vpages, dt), view_of(out, dt),
+             view_of(lens, 16), view_of(table, 16)]
+    opts = lib.options(causal, ALGO_FLASH)
+    a = Args()
+    lib.check(lib.so.flashattn_args_init_sized(ctypes.byref(a), ctypes.sizeof(a)), "args_init")
+    a.options = ctypes.addressof(opts)
+    a.q, a.k, a.v, a.out, a.cache_seqlens, a.block_table = (ctypes.addressof(t) for t in views)
+    keep = (views, opts, kpages, vpages, lens, table)
+
+    def forward():
+        st = lib.so.flashattn_forward_ex(ctx.handle, ctypes.byref(a), None, 0)
+        if st != SUCCESS:
+            lib.check(st, f"paged forward ({rows}-row pages)")
+        return keep
+    return forward
+
+
 def fmt(x, width=7, digits=1):
     return f"{x:{width}.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else f"{'n/a':>{width}}"
 
@@ -529,7 +565,8 @@ def run_gpu(args, lib):
                  (32, 8192, 4, True)]
         print(f"\ndecode: {Hq} query heads over {Hkv} KV heads, d {D}, {args.dtype}; TB/s of K and V "
               "read once (ours, FA2, cuDNN; SDPA with enable_gqa, else K/V repeated per query head)")
-        print(f"{'case':<24} {'ours':>6} {'FA2':>6} {'cuDNN':>6} {'/cuDNN':>7} {'max|diff|':>10}")
+        print(f"{'case':<24} {'ours':>6} " + " ".join(f"{'p' + str(r):>6}" for r in PAGED_DECODE_ROWS) +
+              f" {'FA2':>6} {'cuDNN':>6} {'/cuDNN':>7} {'max|diff|':>10}")
         progress = Progress(len(cases), "decode")
         for B, Nk, Nq, causal in cases:
             label = f"B{B} Nk{Nk} Nq{Nq}{' causal' if causal else ''}"
@@ -547,6 +584,16 @@ def run_gpu(args, lib):
             ok, why = call.supported(False)
             rec["ours_ms"] = bench(call.forward) if ok else None
             rec["why"] = "" if ok else why
+            # The same tokens as a KV cache in pages (shuffled), through forward_ex.
+            for rows in PAGED_DECODE_ROWS:
+                paged_ms, paged_why = None, ""
+                try:
+                    forward = paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of)
+                    forward()
+                    paged_ms = bench(forward)
+                except FlashattnError as e:
+                    paged_why = str(e)
+                rec[f"ours_paged{rows}_ms"], rec[f"ours_paged{rows}_why"] = paged_ms, paged_why
             qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
             # SDPA's is_causal aligns the diagonal top-left when Nq != Nk; ours (as FA2's and
             # cuDNN's own APIs) bottom-right: the same mask through causal_lower_right.
@@ -578,12 +625,13 @@ def run_gpu(args, lib):
                 torch.cuda.synchronize(dev)
                 maxdiff = float((out.float() - ref.float()).abs().max().item())
             rec["max_abs_diff"] = maxdiff
-            for who in ("ours", "fa2", "cudnn"):
+            for who in ("ours", "fa2", "cudnn") + tuple(f"ours_paged{r}" for r in PAGED_DECODE_ROWS):
                 ms = rec.get(f"{who}_ms")
                 rec[f"{who}_TBps"] = kv_bytes / (ms * 1e-3) / 1e12 if ms else None
             decode.append(rec)
             ratio = (rec["ours_TBps"] / rec["cudnn_TBps"]) if rec["ours_TBps"] and rec["cudnn_TBps"] else float("nan")
-            print(f"{label:<24} {fmt(rec['ours_TBps'], 6, 2)} {fmt(rec['fa2_TBps'], 6, 2)} "
+            paged = " ".join(fmt(rec[f"ours_paged{r}_TBps"], 6, 2) for r in PAGED_DECODE_ROWS)
+            print(f"{label:<24} {fmt(rec['ours_TBps'], 6, 2)} {paged} {fmt(rec['fa2_TBps'], 6, 2)} "
                   f"{fmt(rec['cudnn_TBps'], 6, 2)} {ratio:7.2f} {maxdiff if maxdiff is not None else float('nan'):10.2e}"
                   f"{'  ' + rec['why'][:80] if rec['why'] else ''}")
             del q, k, v, out, dout, dq, lse, qh, kh, vh, ref, call
