@@ -277,21 +277,9 @@ inline void ds_row(const float* p, float* dp, int64_t n, float delta) {
 
 // ---- Storage types --------------------------------------------------------------------------
 
-struct F32 {
-  using T = float;
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-};
-struct F16 {
-  using T = uint16_t;
-  static float load(uint16_t x) { return fp16_load(x); }
-  static uint16_t store(float x) { return float_to_fp16(x); }
-};
-struct BF16 {
-  using T = uint16_t;
-  static float load(uint16_t x) { return bf16_load(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
-};
+using F32 = Fp32Storage;  // cpu/storage.hpp
+using F16 = Fp16Storage;
+using BF16 = Bf16Storage;
 
 template <class E>
 inline const typename E::T* in_row(const Tensor4& t, int64_t b, int64_t n, int64_t h) {
