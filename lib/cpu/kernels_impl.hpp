@@ -291,13 +291,23 @@ inline typename E::T* out_row(const Tensor4& t, int64_t b, int64_t n, int64_t h)
   return static_cast<typename E::T*>(t.data) + b * t.stride_batch + n * t.stride_seq +
          h * t.stride_head;
 }
-// Row n of sequence b's keys or values, head h: in a paged KV cache, row n % page_size of the
-// page its block table names (t's batch stride steps from page to page); else as in_row.
-template <class E>
-inline const typename E::T* kv_row(const Tensor4& t, const BlockTable& pages, int64_t b,
-                                   int64_t n, int64_t h) {
-  if (pages.data == nullptr) return in_row<E>(t, b, n, h);
-  return in_row<E>(t, pages.at(b, n / pages.page_size), n % pages.page_size, h);
+// Calls row(j, pointer) for rows [n0, n0 + count) of (b, h) of a key or value view, j from 0:
+// in a paged cache the page is looked up once per run of rows inside it, not once per row.
+template <class E, class Row>
+inline void for_kv_rows(const Tensor4& t, const BlockTable& pages, int64_t b, int64_t n0,
+                        int64_t count, int64_t h, Row&& row) {
+  if (pages.data == nullptr) {
+    const typename E::T* first = in_row<E>(t, b, n0, h);
+    for (int64_t j = 0; j < count; ++j) row(j, first + j * t.stride_seq);
+    return;
+  }
+  for (int64_t j = 0; j < count;) {
+    const int64_t n = n0 + j, in_page = n % pages.page_size;
+    const int64_t run = std::min(count - j, pages.page_size - in_page);
+    const typename E::T* first = in_row<E>(t, pages.at(b, n / pages.page_size), in_page, h);
+    for (int64_t i = 0; i < run; ++i) row(j + i, first + i * t.stride_seq);
+    j += run;
+  }
 }
 inline float* lse_at(const LseView& l, int64_t b, int64_t h, int64_t i) {
   return l.data + b * l.stride_batch + h * l.stride_head + i * l.stride_seq;
@@ -316,10 +326,9 @@ template <class E>
 void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_t n0, int count,
                      int count_pad, int64_t h, int d, float mul,
                      const BlockTable& pages = BlockTable{}) {
-  for (int j = 0; j < count; ++j) {
-    const typename E::T* src = kv_row<E>(t, pages, b, n0 + j, h);
+  for_kv_rows<E>(t, pages, b, n0, count, h, [&](int64_t j, const typename E::T* src) {
     for (int k = 0; k < d; ++k) dst[k * ld + j] = E::load(src[k]) * mul;
-  }
+  });
   for (int k = 0; k < d; ++k)
     for (int j = count; j < count_pad; ++j) dst[k * ld + j] = 0.0f;
 }
@@ -331,11 +340,11 @@ template <class E>
 void prefetch_rows(const Tensor4& t, int64_t b, int64_t n0, int64_t count, int64_t h, int d,
                    const BlockTable& pages) {
   const int64_t bytes = static_cast<int64_t>(d) * static_cast<int64_t>(sizeof(typename E::T));
-  for (int64_t j = 0; j < count; ++j) {
-    const char* row = reinterpret_cast<const char*>(kv_row<E>(t, pages, b, n0 + j, h));
+  for_kv_rows<E>(t, pages, b, n0, count, h, [&](int64_t, const typename E::T* src) {
+    const char* row = reinterpret_cast<const char*>(src);
     for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 2);
     __builtin_prefetch(row + bytes - 1, 0, 2);
-  }
+  });
 }
 
 template <class E>
@@ -648,11 +657,13 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
-    for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(K + j * dp, kv_row<E>(a.k, pages, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
-      pack_row<E>(V + j * dvp, kv_row<E>(a.v, pages, b, seq.k_begin + j0 + j, hk), dv, dvp,
-                  1.0f);
-    }
+    using Elem = typename E::T;
+    for_kv_rows<E>(a.k, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
+      pack_row<E>(K + j * dp, row, d, dp, 1.0f);
+    });
+    for_kv_rows<E>(a.v, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
+      pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
+    });
     if (j0 + kBlockK < key_end) {
       const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
       prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d, pages);
@@ -711,10 +722,10 @@ void pack_kv_item(const Problem& p, const VariantViews& var, const Plan& pl, con
     }
   }
   if (rows_all != nullptr) {
-    for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp,
-                  kv_row<E>(src, var.block_table, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
-    }
+    for_kv_rows<E>(src, var.block_table, b, seq.k_begin + j0, ncols, hk,
+                   [&](int64_t j, const typename E::T* row) {
+                     pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp, row, d, dp, 1.0f);
+                   });
   }
 }
 
