@@ -356,9 +356,13 @@ typedef struct flashattn_options {
                               thread blocks and merges the parts (few query rows against many
                               keys: one query token, or query tokens times a KV group's heads at
                               most 16), it makes n parts, fewer when the keys fill fewer blocks
-                              of 64 or n passes 128. The result is the same attention up to
-                              rounding; other paths and backends ignore it. The choice, like the
-                              library's own, depends only on shapes, so a CUDA graph stays valid */
+                              of 64 or n passes 128. The CPU backend's flash forward splits
+                              every work item's keys into n parts (fewer when the keys fill fewer
+                              tiles of 64 or n passes 64; its own choice splits only where few
+                              query rows meet many keys). The result is the same attention up to
+                              rounding; other paths ignore it. The choice, like the library's
+                              own, depends only on shapes (never on a CPU context's threads), so
+                              a CUDA graph stays valid */
 } flashattn_options_t;
 
 #define FLASHATTN_OPTIONS_INIT \

@@ -592,8 +592,14 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
 // per head, that is the whole cost). With pack_heads the heads are the segments of one tile
 // (few queries each: their columns then fill the vectors the scores are computed in).
 template <class E>
-void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
+void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t split_item,
+                        int worker) {
   const Problem& p = a.problem;
+  // Part `split` of the item's keys (key_splits > 1): tiles [split * per, (split + 1) * per).
+  const int64_t split = split_item % pl.key_splits, item = split_item / pl.key_splits;
+  const int64_t split_tiles = ceil_div(pl.tiles_k, pl.key_splits);
+  const int64_t split_lo = split * split_tiles * kBlockK;
+  const int64_t split_hi = split_lo + split_tiles * kBlockK;
   const int64_t group = pl.query_group;
   const int64_t heads = pl.head_group;
   const int64_t blocks = ceil_div(pl.tiles_q, group);
@@ -655,6 +661,10 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     }
   }
 
+  if (pl.key_splits > 1) {
+    key_begin = std::max(key_begin, split_lo);
+    key_end = std::min(key_end, split_hi);
+  }
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
     using Elem = typename E::T;
@@ -684,6 +694,16 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       const int64_t h = q.h + sg;
       const Sink& sink = q.sink[sg];
       const int64_t i = seq.q_begin + q.i0 + r % q.seg_rows;
+      if (pl.key_splits > 1) {  // this part's O (normalized by its own sum) and LSE, no sink
+        const int64_t row = scratch_row(p, seq, h, q.i0 + r % q.seg_rows);
+        const int64_t rows = p.heads_q * p.total_q;
+        float* o = shared_at(ws, pl.split_o) + (split * rows + row) * dvp;
+        float* lse2 = shared_at(ws, pl.split_lse) + split * rows + row;
+        const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
+        for (int x = 0; x < dv; ++x) o[x] = q.O[r * dvp + x] * inv;
+        *lse2 = q.l[r] == 0.0f ? kNegInf : q.m[r] + std::log2(q.l[r]);
+        continue;
+      }
       // l is 0 only for a row that sees no key: output 0, LSE -inf (a sink notwithstanding).
       if (q.l[r] == 0.0f) {
         std::fill(q.O + r * dvp, q.O + r * dvp + dv, 0.0f);
@@ -781,15 +801,60 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
   }
 }
 
+// The parts of one (sequence, head)'s rows merged: LSE = log2(sum_s 2^LSE_s, plus the sink's
+// 2^sink), O = sum_s 2^(LSE_s - LSE) O_s; as the unsplit forward's end, with the part sums
+// 2^LSE_s in place of its l * 2^m. A row no part saw (every LSE -inf): 0 / -inf.
+template <class E>
+void merge_splits_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t bh) {
+  const Problem& p = a.problem;
+  const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+  const Seq seq = seq_of(p, a.variants, b);
+  const Sink sink = sink_of(a.variants, h);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t rows = p.heads_q * p.total_q;
+  const float* parts_o = shared_at(ws, pl.split_o);
+  const float* parts_lse = shared_at(ws, pl.split_lse);
+  float merged[kMaxHeadDimPadded];
+  for (int64_t i = 0; i < seq.len_q; ++i) {
+    const int64_t row = scratch_row(p, seq, h, i);
+    const int64_t at = seq.q_begin + i;
+    float m = kNegInf;
+    for (int64_t s = 0; s < pl.key_splits; ++s) m = std::max(m, parts_lse[s * rows + row]);
+    if (m == kNegInf) {
+      std::fill(merged, merged + dv, 0.0f);
+      store_row<E>(out_row<E>(a.out, b, at, h), merged, dv, 0.0f);
+      if (a.lse.data != nullptr) *lse_at(a.lse, b, h, at) = kNegInf;
+      continue;
+    }
+    const float shift = sink.shift(m);
+    float total = sink.term(shift);
+    std::fill(merged, merged + dv, 0.0f);
+    for (int64_t s = 0; s < pl.key_splits; ++s) {
+      const float lse_s = parts_lse[s * rows + row];
+      if (lse_s == kNegInf) continue;  // a part with no key adds nothing
+      const float w = std::exp2(lse_s - shift);
+      total += w;
+      const float* o = parts_o + (s * rows + row) * dvp;
+      for (int x = 0; x < dv; ++x) merged[x] += w * o[x];
+    }
+    store_row<E>(out_row<E>(a.out, b, at, h), merged, dv, 1.0f / total);
+    if (a.lse.data != nullptr) *lse_at(a.lse, b, h, at) = natural_lse(shift, total);
+  }
+}
+
 template <class E>
 void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
   const Problem& p = a.problem;
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   if (p.algorithm == Algorithm::Flash) {
-    const int64_t items =
-        p.batch * (p.heads_q / pl.head_group) * ceil_div(pl.tiles_q, pl.query_group);
+    const int64_t items = p.batch * (p.heads_q / pl.head_group) *
+                          ceil_div(pl.tiles_q, pl.query_group) * pl.key_splits;
     pool.parallel_for(
         items, [&](int64_t item, int worker) { flash_forward_item<E>(a, pl, ws, item, worker); });
+    if (pl.key_splits > 1) {
+      pool.parallel_for(p.batch * p.heads_q,
+                        [&](int64_t bh, int) { merge_splits_item<E>(a, pl, ws, bh); });
+    }
     return;
   }
   float* kt_all = shared_at(ws, pl.kt_all);
