@@ -81,6 +81,15 @@ def parse_args():
     return args
 
 
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, or "unknown CPU"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
 DECODE_LAYOUTS = ("plain", "cache", "paged16", "paged64")
 TORCH_SPIN_PAUSE_S = 0.05  # longer than libgomp's spin before its threads sleep
 
@@ -209,12 +218,7 @@ def main():
     lib.so.flashattn_context_set_num_threads.restype = ctypes.c_int
     ctx = Context(lib, BACKEND_CPU)
     if args.decode:
-        cpu_name = "unknown CPU"
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpu_name = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
+        cpu_name = cpu_model()
         records = run_decode(args, lib, ctx, torch, F, cpu_name)
         ctx.close()
         if args.json:
@@ -237,12 +241,7 @@ def main():
         flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0) * mult
         return flops / seconds / 1e9
 
-    cpu_name = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu_name = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu_name = cpu_model()
     print(f"compare_cpu: {cpu_name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), libflashattn "
           f"{lib.version()} ({args.lib}); load average {os.getloadavg()[0]:.2f}")

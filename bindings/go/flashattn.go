@@ -127,8 +127,9 @@ type Options struct {
 	Deterministic bool    // bit-identical backward results run after run
 	Window        *Window // nil: no sliding window
 	Softcap       float32 // 0: none; else c > 0: each score s becomes c * tanh(s / c)
-	// NumSplits: 0 lets the library choose; n > 0 is the number of parts the CUDA flash forward
-	// splits each sequence's keys into where it splits them (few query rows against many keys).
+	// NumSplits: 0 lets the library choose; n > 0 is the number of parts the flash forward
+	// splits each sequence's keys into (CUDA: where it splits them, few query rows against many
+	// keys; CPU: every work item's keys), merged by their LSE.
 	NumSplits int
 }
 

@@ -356,9 +356,13 @@ typedef struct flashattn_options {
                               thread blocks and merges the parts (few query rows against many
                               keys: one query token, or query tokens times a KV group's heads at
                               most 16), it makes n parts, fewer when the keys fill fewer blocks
-                              of 64 or n passes 128. The result is the same attention up to
-                              rounding; other paths and backends ignore it. The choice, like the
-                              library's own, depends only on shapes, so a CUDA graph stays valid */
+                              of 64 or n passes 128. The CPU backend's flash forward splits
+                              every work item's keys into n parts (fewer when the keys fill fewer
+                              tiles of 64 or n passes 64; its own choice splits only where few
+                              query rows meet many keys). The result is the same attention up to
+                              rounding; other paths ignore it. The choice, like the library's
+                              own, depends only on shapes (never on a CPU context's threads), so
+                              a CUDA graph stays valid */
 } flashattn_options_t;
 
 #define FLASHATTN_OPTIONS_INIT \
@@ -545,11 +549,13 @@ FLASHATTN_API flashattn_status_t flashattn_backward(flashattn_context_t ctx,
  * A CPU context checks the lengths (0 <= cache_seqlens[b], len_k <= capacity), the table
  * entries a sequence uses (in [0, num_pages)), the rotary positions (0 <= len_k - N_q whenever
  * rotary is given, every position below the table's rows) and that no two sequences append into
- * one page row (FLASHATTN_ERROR_INVALID_SHAPE, nothing written); a CUDA context cannot without
- * reading device memory, and values that break these rules make the results undefined (reads
- * and writes may land outside the cache). The lengths live on the device there, and the launch
- * depends on shapes only: a decode step may be captured in a CUDA graph and replayed with new
- * lengths. The cache takes no cu_seqlens_q, cu_seqlens_k or max lengths. */
+ * one page row (FLASHATTN_ERROR_INVALID_SHAPE, nothing written). A CUDA context answers
+ * FLASHATTN_ERROR_UNSUPPORTED to a KV cache call in this version; the contract it will keep:
+ * it cannot check those values without reading device memory, values that break the rules make
+ * the results undefined (reads and writes may land outside the cache), the lengths and the
+ * table live in device memory, and the launch depends on shapes only, so that a decode step may
+ * be captured in a CUDA graph and replayed with new lengths. The cache takes no cu_seqlens_q,
+ * cu_seqlens_k or max lengths. */
 
 typedef struct flashattn_args {
   size_t size;                        /* sizeof(flashattn_args_t) as the caller compiled it */

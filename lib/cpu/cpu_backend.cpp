@@ -107,9 +107,9 @@ class CpuBackend final : public Backend {
       fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend has no dtype %d",
            static_cast<int>(p.dtype));
     }
-    if (p.head_dim < 1 || p.head_dim > 256) {
-      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend supports head_dim 1 to 256, not %lld",
-           static_cast<long long>(p.head_dim));
+    if (p.head_dim < 1 || p.head_dim > cpu::kMaxHeadDim) {
+      fail(FLASHATTN_ERROR_UNSUPPORTED, "the CPU backend supports head_dim 1 to %d, not %lld",
+           cpu::kMaxHeadDim, static_cast<long long>(p.head_dim));
     }
   }
 

@@ -277,21 +277,9 @@ inline void ds_row(const float* p, float* dp, int64_t n, float delta) {
 
 // ---- Storage types --------------------------------------------------------------------------
 
-struct F32 {
-  using T = float;
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-};
-struct F16 {
-  using T = uint16_t;
-  static float load(uint16_t x) { return fp16_load(x); }
-  static uint16_t store(float x) { return float_to_fp16(x); }
-};
-struct BF16 {
-  using T = uint16_t;
-  static float load(uint16_t x) { return bf16_load(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
-};
+using F32 = Fp32Storage;  // cpu/storage.hpp
+using F16 = Fp16Storage;
+using BF16 = Bf16Storage;
 
 template <class E>
 inline const typename E::T* in_row(const Tensor4& t, int64_t b, int64_t n, int64_t h) {
@@ -303,13 +291,23 @@ inline typename E::T* out_row(const Tensor4& t, int64_t b, int64_t n, int64_t h)
   return static_cast<typename E::T*>(t.data) + b * t.stride_batch + n * t.stride_seq +
          h * t.stride_head;
 }
-// Row n of sequence b's keys or values, head h: in a paged KV cache, row n % page_size of the
-// page its block table names (t's batch stride steps from page to page); else as in_row.
-template <class E>
-inline const typename E::T* kv_row(const Tensor4& t, const BlockTable& pages, int64_t b,
-                                   int64_t n, int64_t h) {
-  if (pages.data == nullptr) return in_row<E>(t, b, n, h);
-  return in_row<E>(t, pages.at(b, n / pages.page_size), n % pages.page_size, h);
+// Calls row(j, pointer) for rows [n0, n0 + count) of (b, h) of a key or value view, j from 0:
+// in a paged cache the page is looked up once per run of rows inside it, not once per row.
+template <class E, class Row>
+inline void for_kv_rows(const Tensor4& t, const BlockTable& pages, int64_t b, int64_t n0,
+                        int64_t count, int64_t h, Row&& row) {
+  if (pages.data == nullptr) {
+    const typename E::T* first = in_row<E>(t, b, n0, h);
+    for (int64_t j = 0; j < count; ++j) row(j, first + j * t.stride_seq);
+    return;
+  }
+  for (int64_t j = 0; j < count;) {
+    const int64_t n = n0 + j, in_page = n % pages.page_size;
+    const int64_t run = std::min(count - j, pages.page_size - in_page);
+    const typename E::T* first = in_row<E>(t, pages.at(b, n / pages.page_size), in_page, h);
+    for (int64_t i = 0; i < run; ++i) row(j + i, first + i * t.stride_seq);
+    j += run;
+  }
 }
 inline float* lse_at(const LseView& l, int64_t b, int64_t h, int64_t i) {
   return l.data + b * l.stride_batch + h * l.stride_head + i * l.stride_seq;
@@ -328,10 +326,9 @@ template <class E>
 void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_t n0, int count,
                      int count_pad, int64_t h, int d, float mul,
                      const BlockTable& pages = BlockTable{}) {
-  for (int j = 0; j < count; ++j) {
-    const typename E::T* src = kv_row<E>(t, pages, b, n0 + j, h);
+  for_kv_rows<E>(t, pages, b, n0, count, h, [&](int64_t j, const typename E::T* src) {
     for (int k = 0; k < d; ++k) dst[k * ld + j] = E::load(src[k]) * mul;
-  }
+  });
   for (int k = 0; k < d; ++k)
     for (int j = count; j < count_pad; ++j) dst[k * ld + j] = 0.0f;
 }
@@ -343,11 +340,11 @@ template <class E>
 void prefetch_rows(const Tensor4& t, int64_t b, int64_t n0, int64_t count, int64_t h, int d,
                    const BlockTable& pages) {
   const int64_t bytes = static_cast<int64_t>(d) * static_cast<int64_t>(sizeof(typename E::T));
-  for (int64_t j = 0; j < count; ++j) {
-    const char* row = reinterpret_cast<const char*>(kv_row<E>(t, pages, b, n0 + j, h));
+  for_kv_rows<E>(t, pages, b, n0, count, h, [&](int64_t, const typename E::T* src) {
+    const char* row = reinterpret_cast<const char*>(src);
     for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 2);
     __builtin_prefetch(row + bytes - 1, 0, 2);
-  }
+  });
 }
 
 template <class E>
@@ -595,8 +592,14 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
 // per head, that is the whole cost). With pack_heads the heads are the segments of one tile
 // (few queries each: their columns then fill the vectors the scores are computed in).
 template <class E>
-void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t item, int worker) {
+void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t split_item,
+                        int worker) {
   const Problem& p = a.problem;
+  // Part `split` of the item's keys (key_splits > 1): tiles [split * per, (split + 1) * per).
+  const int64_t split = split_item % pl.key_splits, item = split_item / pl.key_splits;
+  const int64_t split_tiles = ceil_div(pl.tiles_k, pl.key_splits);
+  const int64_t split_lo = split * split_tiles * kBlockK;
+  const int64_t split_hi = split_lo + split_tiles * kBlockK;
   const int64_t group = pl.query_group;
   const int64_t heads = pl.head_group;
   const int64_t blocks = ceil_div(pl.tiles_q, group);
@@ -658,13 +661,19 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     }
   }
 
+  if (pl.key_splits > 1) {
+    key_begin = std::max(key_begin, split_lo);
+    key_end = std::min(key_end, split_hi);
+  }
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
-    for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(K + j * dp, kv_row<E>(a.k, pages, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
-      pack_row<E>(V + j * dvp, kv_row<E>(a.v, pages, b, seq.k_begin + j0 + j, hk), dv, dvp,
-                  1.0f);
-    }
+    using Elem = typename E::T;
+    for_kv_rows<E>(a.k, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
+      pack_row<E>(K + j * dp, row, d, dp, 1.0f);
+    });
+    for_kv_rows<E>(a.v, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
+      pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
+    });
     if (j0 + kBlockK < key_end) {
       const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
       prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d, pages);
@@ -685,6 +694,16 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       const int64_t h = q.h + sg;
       const Sink& sink = q.sink[sg];
       const int64_t i = seq.q_begin + q.i0 + r % q.seg_rows;
+      if (pl.key_splits > 1) {  // this part's O (normalized by its own sum) and LSE, no sink
+        const int64_t row = scratch_row(p, seq, h, q.i0 + r % q.seg_rows);
+        const int64_t rows = p.heads_q * p.total_q;
+        float* o = shared_at(ws, pl.split_o) + (split * rows + row) * dvp;
+        float* lse2 = shared_at(ws, pl.split_lse) + split * rows + row;
+        const float inv = q.l[r] == 0.0f ? 0.0f : 1.0f / q.l[r];
+        for (int x = 0; x < dv; ++x) o[x] = q.O[r * dvp + x] * inv;
+        *lse2 = q.l[r] == 0.0f ? kNegInf : q.m[r] + std::log2(q.l[r]);
+        continue;
+      }
       // l is 0 only for a row that sees no key: output 0, LSE -inf (a sink notwithstanding).
       if (q.l[r] == 0.0f) {
         std::fill(q.O + r * dvp, q.O + r * dvp + dv, 0.0f);
@@ -723,10 +742,10 @@ void pack_kv_item(const Problem& p, const VariantViews& var, const Plan& pl, con
     }
   }
   if (rows_all != nullptr) {
-    for (int j = 0; j < ncols; ++j) {
-      pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp,
-                  kv_row<E>(src, var.block_table, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
-    }
+    for_kv_rows<E>(src, var.block_table, b, seq.k_begin + j0, ncols, hk,
+                   [&](int64_t j, const typename E::T* row) {
+                     pack_row<E>(rows_all + (bh * p.seqlen_k + j0 + j) * dp, row, d, dp, 1.0f);
+                   });
   }
 }
 
@@ -782,15 +801,60 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
   }
 }
 
+// The parts of one (sequence, head)'s rows merged: LSE = log2(sum_s 2^LSE_s, plus the sink's
+// 2^sink), O = sum_s 2^(LSE_s - LSE) O_s; as the unsplit forward's end, with the part sums
+// 2^LSE_s in place of its l * 2^m. A row no part saw (every LSE -inf): 0 / -inf.
+template <class E>
+void merge_splits_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t bh) {
+  const Problem& p = a.problem;
+  const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+  const Seq seq = seq_of(p, a.variants, b);
+  const Sink sink = sink_of(a.variants, h);
+  const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
+  const int64_t rows = p.heads_q * p.total_q;
+  const float* parts_o = shared_at(ws, pl.split_o);
+  const float* parts_lse = shared_at(ws, pl.split_lse);
+  float merged[kMaxHeadDimPadded];
+  for (int64_t i = 0; i < seq.len_q; ++i) {
+    const int64_t row = scratch_row(p, seq, h, i);
+    const int64_t at = seq.q_begin + i;
+    float m = kNegInf;
+    for (int64_t s = 0; s < pl.key_splits; ++s) m = std::max(m, parts_lse[s * rows + row]);
+    if (m == kNegInf) {
+      std::fill(merged, merged + dv, 0.0f);
+      store_row<E>(out_row<E>(a.out, b, at, h), merged, dv, 0.0f);
+      if (a.lse.data != nullptr) *lse_at(a.lse, b, h, at) = kNegInf;
+      continue;
+    }
+    const float shift = sink.shift(m);
+    float total = sink.term(shift);
+    std::fill(merged, merged + dv, 0.0f);
+    for (int64_t s = 0; s < pl.key_splits; ++s) {
+      const float lse_s = parts_lse[s * rows + row];
+      if (lse_s == kNegInf) continue;  // a part with no key adds nothing
+      const float w = std::exp2(lse_s - shift);
+      total += w;
+      const float* o = parts_o + (s * rows + row) * dvp;
+      for (int x = 0; x < dv; ++x) merged[x] += w * o[x];
+    }
+    store_row<E>(out_row<E>(a.out, b, at, h), merged, dv, 1.0f / total);
+    if (a.lse.data != nullptr) *lse_at(a.lse, b, h, at) = natural_lse(shift, total);
+  }
+}
+
 template <class E>
 void forward_typed(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
   const Problem& p = a.problem;
   const int64_t q_items = p.batch * p.heads_q * pl.tiles_q;
   if (p.algorithm == Algorithm::Flash) {
-    const int64_t items =
-        p.batch * (p.heads_q / pl.head_group) * ceil_div(pl.tiles_q, pl.query_group);
+    const int64_t items = p.batch * (p.heads_q / pl.head_group) *
+                          ceil_div(pl.tiles_q, pl.query_group) * pl.key_splits;
     pool.parallel_for(
         items, [&](int64_t item, int worker) { flash_forward_item<E>(a, pl, ws, item, worker); });
+    if (pl.key_splits > 1) {
+      pool.parallel_for(p.batch * p.heads_q,
+                        [&](int64_t bh, int) { merge_splits_item<E>(a, pl, ws, bh); });
+    }
     return;
   }
   float* kt_all = shared_at(ws, pl.kt_all);

@@ -19,4 +19,5 @@
 #include "cpu/kernels.hpp"
 #include "cpu/plan.hpp"
 #include "cpu/sequences.hpp"
+#include "cpu/storage.hpp"
 #include "cpu/thread_pool.hpp"

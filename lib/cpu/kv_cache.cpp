@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/half.hpp"
+#include "cpu/storage.hpp"
 
 namespace flashattn {
 namespace cpu {
@@ -13,29 +13,12 @@ namespace {
 
 constexpr size_t kWorkspaceAlign = 256;
 
-// Storage types, converted as the kernels convert them (round to nearest even on the way back).
-struct F32E {
-  using T = float;
-  static float load(float x) { return x; }
-  static float store(float x) { return x; }
-};
-struct F16E {
-  using T = uint16_t;
-  static float load(uint16_t x) { return fp16_to_float(x); }
-  static uint16_t store(float x) { return float_to_fp16(x); }
-};
-struct BF16E {
-  using T = uint16_t;
-  static float load(uint16_t x) { return bf16_to_float(x); }
-  static uint16_t store(float x) { return float_to_bf16(x); }
-};
-
 template <class F>
 void with_element(DType t, F&& f) {
   switch (t) {
-    case DType::F32: f(F32E{}); return;
-    case DType::F16: f(F16E{}); return;
-    case DType::BF16: f(BF16E{}); return;
+    case DType::F32: f(Fp32Storage{}); return;
+    case DType::F16: f(Fp16Storage{}); return;
+    case DType::BF16: f(Bf16Storage{}); return;
   }
 }
 
@@ -79,7 +62,7 @@ void with_rotary_types(const Problem& p, F&& f) {
   with_element(p.dtype, [&](auto e) {
     using E = decltype(e);
     if (p.rotary_dtype == DType::F32) {
-      f(e, F32E{});
+      f(e, Fp32Storage{});
     } else {
       f(e, E{});
     }

@@ -1,6 +1,6 @@
 // The KV cache steps of a CPU forward that come before attention: the host checks of the
 // lengths and block table, the rows appended into the cache, and the rotated copy of q. The
-// attention itself reads the cache through Seq (its lengths) and kv_row (its pages).
+// attention itself reads the cache through Seq (its lengths) and for_kv_rows (its pages).
 #pragma once
 
 #include <cstddef>

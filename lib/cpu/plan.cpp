@@ -53,6 +53,23 @@ struct Area {
   }
 };
 
+// The parts of each flash forward item's keys: the caller's options.num_splits, or, where few
+// query rows (every KV group's heads x its queries in one tile) meet many keys in few KV groups,
+// enough for kSplitItemsTarget groups x parts; at most kMaxKeySplits, at least kMinSplitTiles
+// key tiles a part (a forced count: at least one), the partials within kMaxSplitBytes.
+int64_t key_splits(const Problem& p, const Plan& plan, size_t bytes_per_split) {
+  int64_t splits = 1;
+  if (p.num_splits > 0) {
+    splits = std::min<int64_t>({p.num_splits, plan.tiles_k, kMaxKeySplits});
+  } else if (p.seqlen_q * p.group_size() <= kBlockQ) {
+    const int64_t groups = p.batch * p.heads_kv;
+    splits = std::min<int64_t>({ceil_div(kSplitItemsTarget, groups), plan.tiles_k / kMinSplitTiles,
+                                kMaxKeySplits});
+  }
+  const int64_t fit = static_cast<int64_t>(kMaxSplitBytes / std::max<size_t>(bytes_per_split, 1));
+  return std::max<int64_t>(1, std::min(splits, fit));
+}
+
 }  // namespace
 
 Plan make_plan(const Problem& p, bool backward, int threads) {
@@ -104,6 +121,12 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     // Few enough queries that the heads' rows fit one tile: one tile, each head a segment of
     // it, so that the columns of the score vectors hold queries rather than padding.
     plan.pack_heads = plan.head_group > 1 && p.seqlen_q * plan.head_group <= kBlockQ;
+    plan.key_splits = key_splits(p, plan, sz.mul({rows, dvp + 1, f}, "a split's partials"));
+    if (plan.key_splits > 1) {
+      const int64_t parts = plan.key_splits;
+      plan.split_o = shared.take(sz.mul({parts, rows, dvp, f}, "partial O"), "partial O");
+      plan.split_lse = shared.take(sz.mul({parts, rows, f}, "partial LSE"), "partial LSE");
+    }
     const int64_t g = plan.query_group * plan.head_group;
     plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
     plan.t_kt = thread.take(k_tile, "K tile");

@@ -16,7 +16,17 @@ constexpr int kBlockK = 64;  // keys per tile
 constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
+constexpr int kMaxHeadDim = 256;  // of q, k and of v: what the CPU backend supports
+constexpr int kMaxHeadDimPadded = (kMaxHeadDim + kPad - 1) / kPad * kPad;
 constexpr int kMaxQueryGroup = 8;  // flash forward: query tiles sharing each K/V tile load
+// Flash forward, few query rows against many keys: the keys of each item split into parts
+// whose partial results are merged by their LSE, so that a decode step of few KV groups has
+// work for many threads. The split depends on shapes only (and options.num_splits), never on
+// the thread count, so results do not either.
+constexpr int64_t kSplitItemsTarget = 64;   // KV groups x parts the automatic split aims at
+constexpr int64_t kMinSplitTiles = 16;      // key tiles of a part at least (1024 keys)
+constexpr int64_t kMaxKeySplits = 64;       // parts at most
+constexpr size_t kMaxSplitBytes = size_t(256) << 20;  // the partials' workspace at most
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -42,6 +52,7 @@ struct Plan {
   int64_t head_group = 1;   // flash forward: query heads of one KV group per work item (it
                             // divides the group; head_group * query_group <= kMaxQueryGroup)
   bool pack_heads = false;  // flash forward: those heads' queries share one tile (they fit)
+  int64_t key_splits = 1;   // flash forward: parts of every item's key range (1: no split)
 
   // Shared regions (fp32). "Rows" are the Hq * total_q query rows of the batch, in the order
   // of cpu/sequences.hpp's scratch_row ([B, Hq, Nq] for a fixed-length batch).
@@ -58,6 +69,8 @@ struct Plan {
   size_t vt_all = 0;   // standard backward: [B, Hkv, dv, nk_pad]
   size_t s_all = 0;    // standard: [rows, nk_pad] scores, then probabilities
   size_t ds_all = 0;   // standard backward: [rows, nk_pad] dP, then dS
+  size_t split_o = 0;    // flash forward with key_splits > 1: [splits, rows, dvp] partial O
+  size_t split_lse = 0;  // and [splits, rows] their LSEs in log2 units (-inf: no key)
 
   // Per-thread regions (fp32), offsets inside one thread's area.
   size_t t_q = 0, t_o = 0, t_s = 0, t_dp = 0;

@@ -51,6 +51,7 @@ std::string Case::name() const {
   if (softcap > 0) s += " softcap=" + std::to_string(softcap);
   s += slopes[static_cast<int>(alibi)];
   if (sinks) s += " sinks";
+  if (num_splits > 0) s += " splits=" + std::to_string(num_splits);
   if (varlen()) s += " varlen q[" + lengths(seqlens_q) + "] k[" + lengths(seqlens_k) + "]";
   return s;
 }
@@ -237,6 +238,7 @@ flashattn_options_t options_for(const Case& c, flashattn_algorithm_t algorithm) 
     o.window_right = c.window_right;
   }
   o.softcap = c.softcap;
+  o.num_splits = c.num_splits;
   return o;
 }
 

@@ -51,6 +51,7 @@ struct Case {
   float softcap = 0.0f;
   Slopes alibi = Slopes::None;
   bool sinks = false;
+  int64_t num_splits = 0;  // options.num_splits (0: the library chooses)
   // A variable-length batch of `batch` sequences of these lengths (seqlen_q / seqlen_k are then
   // the max lengths passed, at least the longest); empty: a fixed-length batch.
   std::vector<int64_t> seqlens_q, seqlens_k;

@@ -300,6 +300,85 @@ void check_rotary(const Case& c, CacheLayout layout) {
 
 }  // namespace
 
+namespace {
+// One token of 8 heads over one KV group of 6000 keys with sinks: split automatically.
+Case with_splits_case() {
+  Case c = shaped_case(BF16, 1, 1, 6000, 8, 1, 64, true, 333);
+  c.sinks = true;
+  return c;
+}
+}  // namespace
+
+TEST_SUITE("cpu_kv_cache_splits") {
+  // Few query rows against many keys in few KV groups: the keys of each item in parts merged
+  // by their LSE (plan.key_splits), chosen from shapes only, or forced by options.num_splits.
+  flashattn::Problem decode_problem(int64_t batch, int64_t nq, int64_t nk, int64_t hq,
+                                    int64_t hkv, int64_t num_splits = 0) {
+    flashattn::Problem p;
+    p.batch = batch;
+    p.seqlen_q = nq;
+    p.seqlen_k = nk;
+    p.heads_q = hq;
+    p.heads_kv = hkv;
+    p.head_dim = p.head_dim_v = 64;
+    p.total_q = batch * nq;
+    p.total_k = batch * nk;
+    p.num_splits = num_splits;
+    return p;
+  }
+
+  TEST_CASE("the split: from the shapes, never the threads; forced; bounded") {
+    using flashattn::cpu::make_plan;
+    // One KV group, 8192 keys (128 tiles): 8 parts of 16 tiles, at any thread count.
+    for (int threads : {1, 2, 64}) {
+      CHECK(make_plan(decode_problem(1, 1, 8192, 8, 1), false, threads).key_splits == 8);
+    }
+    // 8 groups of 4 heads: 64 / 8 = 8 parts; 64 groups: none; few keys: none.
+    CHECK(make_plan(decode_problem(1, 1, 8192, 32, 8), false, 2).key_splits == 8);
+    CHECK(make_plan(decode_problem(64, 1, 8192, 32, 8), false, 2).key_splits == 1);
+    CHECK(make_plan(decode_problem(1, 1, 1500, 8, 1), false, 2).key_splits == 1);
+    // Many query rows: no automatic split; forced counts cut to the key tiles.
+    CHECK(make_plan(decode_problem(1, 300, 8192, 8, 1), false, 2).key_splits == 1);
+    CHECK(make_plan(decode_problem(1, 300, 8192, 8, 1, 5), false, 2).key_splits == 5);
+    CHECK(make_plan(decode_problem(1, 1, 100, 8, 1, 50), false, 2).key_splits == 2);
+  }
+
+  TEST_CASE("split keys against the reference: decode, sinks, ALiBi, windows, lengths of 0") {
+    for (flashattn_dtype_t dtype : {F32, BF16}) {
+      // Automatic: one KV group of 4 heads, 3000 keys (47 tiles: 2 parts).
+      Case c = shaped_case(dtype, 1, 1, 3000, 4, 1, 64, true, 301);
+      c.sinks = true;
+      c.alibi = Slopes::PerHead;
+      check_forward(c);
+      // Forced: 1, 2, 3, 7 and past the tiles, with a window and several query tokens.
+      for (int64_t n : {1, 2, 3, 7, 100}) {
+        Case f = shaped_case(dtype, 2, 3, 900, 4, 2, 40, true, 310 + n);
+        f.num_splits = n;
+        f.window = true;
+        f.window_left = 300;
+        f.window_right = 0;
+        f.softcap = 10.0f;
+        check_forward(f);
+      }
+      // Variable lengths (0 keys, fewer keys than a part) with forced parts.
+      Case v = cache_case(dtype, 1, {0, 70, 2100, 5}, 8, 2, 64, true);
+      v.num_splits = 4;
+      v.sinks = true;
+      check_forward(v);
+    }
+  }
+
+  TEST_CASE("split keys: the same results at 1 thread and at 3, bit for bit") {
+    Case c = with_splits_case();
+    const Inputs in = make_inputs(c);
+    CpuContext one(1), three(3);
+    const ForwardResult a = run_forward(one.get(), c, in, kFlash);
+    const ForwardResult b = run_forward(three.get(), c, in, kFlash);
+    CHECK(a.out.snapshot() == b.out.snapshot());
+    CHECK(a.lse.snapshot() == b.lse.snapshot());
+  }
+}
+
 TEST_SUITE("cpu_kv_cache_rotary") {
   TEST_CASE("rotary embedding of q and the appended rows against a float64 rotation") {
     for (flashattn_dtype_t dtype : {F32, F16, BF16}) {

@@ -17,6 +17,7 @@
 // buffers or in the guard the header gives each buffer after its end (the library checks both
 // against the end). Host workspaces are the harness's own allocations of exactly the size passed.
 // A destroyed context or buffer is passed once more, and must be refused.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <flashattn/flashattn.h>
@@ -276,6 +278,7 @@ class Harness {
   ~Harness() {
     for (int b = 0; b < kBufSlots; ++b) destroy_buffer(b);
     for (int c = 0; c < kCtxSlots; ++c) destroy_context(c);
+    if (kv_ctx_ != nullptr) flashattn_context_destroy(kv_ctx_);
   }
 
   void run() {
@@ -301,8 +304,17 @@ class Harness {
     kNumOps
   };
 
+  // An op byte of kKvCacheOpByte runs op_kv_cache; any other byte picks op byte % kNumOps, as
+  // before that op existed (so earlier inputs keep their meaning, but for that one byte).
+  static constexpr uint8_t kKvCacheOpByte = 0xFF;
+
   void step() {
-    const int op = in_.u8() % kNumOps;
+    const uint8_t op_byte = in_.u8();
+    if (op_byte == kKvCacheOpByte) {
+      op_kv_cache();
+      return;
+    }
+    const int op = op_byte % kNumOps;
     // What may change a view, a buffer's bytes or which buffers exist ends the consistent problem.
     if (op == kBufCreate || op == kBufDestroy || op == kBufWrite || op == kViewMake || op == kViewTweak) {
       pristine_ = false;
@@ -322,6 +334,210 @@ class Harness {
       case kOptions: op_options(); break;
       case kCall: op_call(); break;
       case kMisc: op_misc(); break;
+    }
+  }
+
+  // ----- the KV cache call (self-contained: its own CPU context and exact host blocks) -----
+
+  // A small KV cache forward with fuzzed lengths, block table entries, appended rows and rotary
+  // tables. The harness works out from the values whether the call must succeed (every rule
+  // of the header's "KV cache" paragraph holds) or be refused with INVALID_SHAPE; a refused
+  // call must leave the cache and out as they were; a successful one must hold the appended
+  // rows in the cache and no NaN in out. Every tensor is an exact host block: ASan sees any
+  // read or write past what the library may touch.
+  void op_kv_cache() {
+    const bool bf16 = (in_.u8() & 1) != 0;
+    const int dtype = bf16 ? FLASHATTN_DTYPE_BFLOAT16 : FLASHATTN_DTYPE_FLOAT32;
+    const size_t es = elem_size(dtype);
+    const int64_t B = 1 + in_.u8() % 3, nq = 1 + in_.u8() % 4, hkv = 1 + in_.u8() % 2;
+    const int64_t hq = hkv * (1 + in_.u8() % 3), d = 8 * (1 + in_.u8() % 2);
+    const bool paged = (in_.u8() & 1) != 0;
+    const int64_t page = 1 + in_.u8() % 9, per_seq = 1 + in_.u8() % 4;
+    const int64_t num_pages = 1 + in_.u8() % 10;
+    const int64_t capacity = paged ? page * per_seq : 1 + in_.u8() % 40;
+    const int64_t n_new = in_.u8() % 4;
+    const uint8_t rotary_mode = in_.u8() % 3;  // none, float32 tables, the elements' dtype
+    const int64_t rotary_dim = 2 * (1 + in_.u8() % (d / 2));
+    const int64_t positions = 1 + in_.u8() % 50;
+    const bool interleaved = (in_.u8() & 1) != 0;
+    const bool causal = (in_.u8() & 1) != 0;
+
+    // Lengths: mostly in range, sometimes anything.
+    std::vector<int32_t> lens(static_cast<size_t>(B));
+    for (auto& l : lens) {
+      const uint8_t mode = in_.u8();
+      l = mode < 200 ? static_cast<int32_t>(mode % (capacity + 1)) : in_.i32();
+    }
+    std::vector<int32_t> table(static_cast<size_t>(B * per_seq));
+    for (auto& e : table) {
+      const uint8_t mode = in_.u8();
+      e = mode < 220 ? static_cast<int32_t>(mode % num_pages) : in_.i32();
+    }
+
+    // What the library must answer.
+    bool valid = true;
+    std::vector<std::pair<int64_t, int64_t>> landings;  // (page, row) of every appended row
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t held = lens[b], len_k = held + n_new;
+      if (held < 0 || len_k > capacity) {
+        valid = false;
+        continue;
+      }
+      if (paged) {
+        for (int64_t j = 0; j < (len_k + page - 1) / page; ++j) {
+          const int64_t e = table[b * per_seq + j];
+          valid = valid && e >= 0 && e < num_pages;
+        }
+        for (int64_t t = held; t < len_k && valid; ++t) {
+          landings.emplace_back(table[b * per_seq + t / page], t % page);
+        }
+      }
+      if (rotary_mode != 0) valid = valid && len_k >= nq && len_k <= positions;
+    }
+    std::sort(landings.begin(), landings.end());
+    for (size_t i = 1; i < landings.size(); ++i) valid = valid && landings[i] != landings[i - 1];
+
+    // The tensors, each an exact block; inputs small finite values, the cache's rows NaN.
+    const auto block = [&](HostBlock& h, int64_t elems) { h.reset(static_cast<size_t>(elems) * es); };
+    const auto fill = [&](HostBlock& h, float base) {
+      for (size_t i = 0; i * es < h.n; ++i) {
+        const float f = base + 0.01f * static_cast<float>(i % 97);
+        if (bf16) {
+          const uint16_t v = to_bf16(f);
+          std::memcpy(h.p.get() + i * 2, &v, 2);
+        } else {
+          std::memcpy(h.p.get() + i * 4, &f, 4);
+        }
+      }
+    };
+    const int64_t slots = paged ? num_pages : B, rows = paged ? page : capacity;
+    HostBlock q, k, v, out, lse, k_new, v_new, cos, sin;
+    block(q, B * nq * hq * d);
+    block(k, slots * rows * hkv * d);
+    block(v, slots * rows * hkv * d);
+    block(out, B * nq * hq * d);
+    lse.reset(static_cast<size_t>(B * hq * nq) * 4);
+    fill(q, -0.5f);
+    std::memset(k.p.get(), 0xff, k.n);  // NaN in every dtype: rows attended must be written
+    std::memset(v.p.get(), 0xff, v.n);
+    // The held rows: finite values (token rows of each sequence through its table).
+    const auto row_of = [&](HostBlock& t, int64_t b, int64_t tok, int64_t h) -> unsigned char* {
+      const int64_t slot = paged ? table[b * per_seq + tok / page] : b;
+      const int64_t r = paged ? tok % page : tok;
+      return t.p.get() + static_cast<size_t>(((slot * rows + r) * hkv + h) * d) * es;
+    };
+    if (valid) {
+      HostBlock pattern;
+      block(pattern, d);
+      fill(pattern, 0.25f);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < lens[b]; ++t)
+          for (int64_t h = 0; h < hkv; ++h) {
+            std::memcpy(row_of(k, b, t, h), pattern.p.get(), pattern.n);
+            std::memcpy(row_of(v, b, t, h), pattern.p.get(), pattern.n);
+          }
+    }
+    std::memset(out.p.get(), 0xa5, out.n);
+    std::memset(lse.p.get(), 0xa5, lse.n);
+    const auto tensor = [&](HostBlock& h, int dt, std::initializer_list<int64_t> shape) {
+      flashattn_tensor_t t{};
+      t.data = h.p.get();
+      t.dtype = static_cast<flashattn_dtype_t>(dt);
+      t.rank = static_cast<int32_t>(shape.size());
+      int i = 0;
+      for (int64_t x : shape) t.shape[i++] = x;
+      int64_t stride = 1;
+      for (int j = t.rank - 1; j >= 0; --j) {
+        t.strides[j] = stride;
+        stride *= t.shape[j];
+      }
+      return t;
+    };
+    const flashattn_tensor_t tq = tensor(q, dtype, {B, nq, hq, d});
+    const flashattn_tensor_t tk = tensor(k, dtype, {slots, rows, hkv, d});
+    const flashattn_tensor_t tv = tensor(v, dtype, {slots, rows, hkv, d});
+    const flashattn_tensor_t tout = tensor(out, dtype, {B, nq, hq, d});
+    const flashattn_tensor_t tlse = tensor(lse, FLASHATTN_DTYPE_FLOAT32, {B, hq, nq});
+    HostBlock lens_block, table_block;
+    lens_block.reset(lens.size() * 4);
+    std::memcpy(lens_block.p.get(), lens.data(), lens_block.n);
+    table_block.reset(table.size() * 4);
+    std::memcpy(table_block.p.get(), table.data(), table_block.n);
+    const flashattn_tensor_t tlens = tensor(lens_block, FLASHATTN_DTYPE_INT32, {B});
+    const flashattn_tensor_t ttable = tensor(table_block, FLASHATTN_DTYPE_INT32, {B, per_seq});
+    flashattn_tensor_t tkn{}, tvn{}, tcos{}, tsin{};
+    if (n_new > 0) {
+      block(k_new, B * n_new * hkv * d);
+      block(v_new, B * n_new * hkv * d);
+      fill(k_new, 0.125f);
+      fill(v_new, -0.125f);
+      tkn = tensor(k_new, dtype, {B, n_new, hkv, d});
+      tvn = tensor(v_new, dtype, {B, n_new, hkv, d});
+    }
+    const int table_dtype = rotary_mode == 1 ? FLASHATTN_DTYPE_FLOAT32 : dtype;
+    if (rotary_mode != 0) {
+      const size_t tes = elem_size(table_dtype);
+      cos.reset(static_cast<size_t>(positions * rotary_dim / 2) * tes);
+      sin.reset(cos.n);
+      for (size_t i = 0; i * tes < cos.n; ++i) {
+        const float c = std::cos(0.1f * static_cast<float>(i)), sn = std::sin(0.1f * static_cast<float>(i));
+        if (tes == 2) {
+          const uint16_t cb = to_bf16(c), sb = to_bf16(sn);
+          std::memcpy(cos.p.get() + i * 2, &cb, 2);
+          std::memcpy(sin.p.get() + i * 2, &sb, 2);
+        } else {
+          std::memcpy(cos.p.get() + i * 4, &c, 4);
+          std::memcpy(sin.p.get() + i * 4, &sn, 4);
+        }
+      }
+      tcos = tensor(cos, table_dtype, {positions, rotary_dim / 2});
+      tsin = tensor(sin, table_dtype, {positions, rotary_dim / 2});
+    }
+    flashattn_options_t o = FLASHATTN_OPTIONS_INIT;
+    o.causal = causal ? 1 : 0;
+    flashattn_args_t a = FLASHATTN_ARGS_INIT;
+    a.options = &o;
+    a.q = &tq;
+    a.k = &tk;
+    a.v = &tv;
+    a.out = &tout;
+    a.lse = &tlse;
+    a.cache_seqlens = &tlens;
+    a.block_table = paged ? &ttable : nullptr;
+    a.k_new = n_new > 0 ? &tkn : nullptr;
+    a.v_new = n_new > 0 ? &tvn : nullptr;
+    a.rotary_cos = rotary_mode != 0 ? &tcos : nullptr;
+    a.rotary_sin = rotary_mode != 0 ? &tsin : nullptr;
+    a.rotary_interleaved = rotary_mode != 0 && interleaved ? 1 : 0;
+
+    if (kv_ctx_ == nullptr) {
+      EXPECT(check_status(flashattn_context_create(&kv_ctx_, FLASHATTN_BACKEND_CPU, 0),
+                          "context_create (kv cache)") == 0, "a CPU context");
+    }
+    const std::vector<unsigned char> k_before(k.p.get(), k.p.get() + k.n);
+    const std::vector<unsigned char> v_before(v.p.get(), v.p.get() + v.n);
+    const int st = check_status(flashattn_forward_ex(kv_ctx_, &a, nullptr, 0), "forward_ex (kv cache)");
+    if (valid) {
+      EXPECT(st == 0, "a KV cache call that keeps every rule must succeed");
+    } else {
+      EXPECT(st == FLASHATTN_ERROR_INVALID_SHAPE, "bad lengths, pages or positions: INVALID_SHAPE");
+    }
+    if (st != 0) {
+      EXPECT(std::memcmp(k.p.get(), k_before.data(), k.n) == 0, "a refused call wrote k");
+      EXPECT(std::memcmp(v.p.get(), v_before.data(), v.n) == 0, "a refused call wrote v");
+      for (size_t i = 0; i < out.n; ++i) EXPECT(out.p[i] == 0xa5, "a refused call wrote out");
+      return;
+    }
+    for (size_t i = 0; i < out.n; i += es) EXPECT(!is_nan(out.p.get() + i, dtype), "NaN in out");
+    if (n_new > 0 && rotary_mode == 0) {
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < n_new; ++i)
+          for (int64_t h = 0; h < hkv; ++h) {
+            const unsigned char* want =
+                k_new.p.get() + static_cast<size_t>(((b * n_new + i) * hkv + h) * d) * es;
+            EXPECT(std::memcmp(row_of(k, b, lens[b] + i, h), want, static_cast<size_t>(d) * es) == 0,
+                   "an appended row of k_new is in the cache");
+          }
     }
   }
 
@@ -1354,6 +1570,7 @@ class Harness {
   View views_[kViewSlots];
   HostBlock options_;
   size_t options_size_ = 0;
+  flashattn_context_t kv_ctx_ = nullptr;  // op_kv_cache's own CPU context
   size_t last_workspace_ = 0;
   // Oracle state: the consistent problem of op_problem untouched since; what the options are.
   bool pristine_ = false;

@@ -196,6 +196,27 @@ def misc(sel, operands=b''):
     return u8(MISC) + u8(sel) + operands
 
 
+KV_CACHE_OP = 0xFF  # Harness::kKvCacheOpByte: op_kv_cache, a self-contained KV cache call
+
+
+def kv_cache(bf16=0, batch=2, nq=1, hkv=1, group=2, d_sel=0, paged=0, page=16, per_seq=2,
+             pages=4, capacity=30, n_new=0, rotary=0, rotary_half=4, positions=50, interleaved=0,
+             causal=1, lens=(5, 9), table=(0, 1, 2, 3)):
+    """op_kv_cache's operands in its read order (each a byte: sizes as the harness reduces
+    them, 1 + x % n, so pass x = size - 1)."""
+    b = u8(KV_CACHE_OP) + u8(bf16) + u8(batch - 1) + u8(nq - 1) + u8(hkv - 1) + u8(group - 1) + \
+        u8(d_sel) + u8(paged) + u8(page - 1) + u8(per_seq - 1) + u8(pages - 1)
+    if not paged:
+        b += u8(capacity - 1)
+    b += u8(n_new) + u8(rotary) + u8(rotary_half - 1) + u8(positions - 1) + u8(interleaved) + \
+        u8(causal)
+    # A length (a table entry) of the harness's range is one byte, taken modulo; any other
+    # value a marker byte then its 32 bits.
+    b += b''.join(u8(x) if 0 <= x < 200 else u8(250) + u32(x) for x in lens)
+    b += b''.join(u8(x) if 0 <= x < 220 else u8(250) + u32(x) for x in table)
+    return b
+
+
 def fwd_bwd(**kw):
     return problem(**kw) + call(FORWARD) + call(BACKWARD)
 
@@ -304,6 +325,16 @@ SEEDS = {
                                 u8(0) + u8(0)) +
                            misc(6, u8(1) + u8(2) + u8(1) + i64(0) + i64(4) + i64(4) + i64(4) + u8(0) + u8(0)) +
                            misc(6, u8(1) + u8(3) + u8(1) + i64(2**62) + i64(4) + i64(1) + i64(1) + u8(0) + u8(0)),
+    # The KV cache call (op_kv_cache): valid contiguous, paged with rows appended and rotary,
+    # then an entry outside the pages, a length past the cache, two sequences on one row.
+    'kv_cache': kv_cache() +
+                kv_cache(bf16=1, paged=1, page=4, per_seq=3, pages=8, n_new=2, rotary=1,
+                         lens=(3, 10), table=(0, 1, 2, 3, 4, 5)) +
+                kv_cache(paged=1, page=4, per_seq=3, pages=6, lens=(9, 2), table=(0, 1, 5, 2, 3, 4)) +
+                kv_cache(paged=1, page=4, per_seq=2, pages=6, lens=(3, 2), table=(0, -1, -1, 2)) +
+                kv_cache(n_new=3, capacity=10, lens=(8, 1)) + kv_cache(lens=(-7, 2)) +
+                kv_cache(paged=1, page=4, per_seq=2, pages=4, n_new=1, lens=(1, 1),
+                         table=(0, 1, 0, 2)),
     'views_from_scratch': ctx_create() + buf_create(0, 0, 0, u16(8191)) +
                           view_make(0, (1, 4, 2, 8), data=in_buffer(0)) +
                           view_make(1, (1, 4, 1, 8), data=in_buffer(0, 2, u16(2048))) +

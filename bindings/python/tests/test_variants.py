@@ -198,10 +198,17 @@ def test_num_splits_reaches_the_library():
     e = raises("FLASHATTN_ERROR_INVALID_ARGUMENT",
                "options: num_splits is -1, must be 0 (the library chooses)", num_splits=-1)
     assert e.message.startswith("flashattn_forward: ")
-    # A count the CPU backend has no use for changes nothing there.
+    # Eight keys are one tile of the CPU backend: nothing to split, the same result.
     q, k, v, _ = inputs(2, 8, 8, 4, 2, 16)
     np.testing.assert_array_equal(flashattn.attention(q, k, v, num_splits=5),
                                   flashattn.attention(q, k, v))
+    # 700 keys in 5 parts merged by their LSE: the same attention up to rounding, and not the
+    # same bits (the count reached the CPU backend's split).
+    q, k, v, _ = inputs(1, 2, 700, 4, 1, 16, seed=7)
+    split = flashattn.attention(q, k, v, num_splits=5, causal=True)
+    whole = flashattn.attention(q, k, v, num_splits=1, causal=True)
+    np.testing.assert_allclose(split, whole, rtol=0, atol=2e-6)
+    assert not np.array_equal(split, whole)
 
 
 def test_bad_slopes_and_sinks_are_refused():

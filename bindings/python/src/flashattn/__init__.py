@@ -79,8 +79,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         offsets in host memory, required for offsets on a GPU.
     algorithm: "flash" (default) or "standard" (the materialized baseline).
     deterministic: bit-identical backward results run after run.
-    num_splits: None (the library chooses), or the number of parts the CUDA flash forward splits
-        each sequence's keys into where it splits them (few query rows against many keys).
+    num_splits: None (the library chooses), or the number of parts the flash forward splits
+        each sequence's keys into (CUDA: where it splits them, few query rows against many
+        keys; CPU: every work item's keys), merged by their LSE: the same attention up to
+        rounding.
     context: a flashattn.Context to compute with; by default one per thread and device is kept.
     Torch tensors that require grad go through a torch.autograd.Function: loss.backward() runs
     flashattn's backward (the LSE is not differentiable).

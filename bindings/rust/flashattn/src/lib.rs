@@ -216,8 +216,9 @@ pub struct Options {
     pub window: Option<(i32, i32)>,
     /// A softcap c > 0: each score s becomes `c * tanh(s / c)` before the masks and the softmax.
     pub softcap: Option<f32>,
-    /// The parts the CUDA flash forward splits each sequence's keys into where it splits them
-    /// (few query rows against many keys); `None` lets the library choose.
+    /// The parts the flash forward splits each sequence's keys into (CUDA: where it splits
+    /// them, few query rows against many keys; CPU: every work item's keys), merged by their
+    /// LSE: the same attention up to rounding; `None` lets the library choose.
     pub num_splits: Option<i64>,
 }
 
