@@ -482,17 +482,7 @@ func TestForwardExOverAPagedFloat16Cache(t *testing.T) {
 	kNew, vNew := to16(random(rng, batch*heads*headDim, dtype), dtype), to16(random(rng, batch*heads*headDim, dtype), dtype)
 	kPages, vPages := to16(random(rng, pages*pageSize*heads*headDim, dtype), dtype), to16(random(rng, pages*pageSize*heads*headDim, dtype), dtype)
 	cos, sin := rotaryTables(held+1, headDim)
-	buffer := func(data []byte) *Buffer {
-		b, err := ctx.NewBuffer(len(data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		if err := b.Write(0, data); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	buffer := func(data []byte) *Buffer { return filledBuffer(t, ctx, data) }
 	qb, kb, vb, knb, vnb := buffer(asBytes(q)), buffer(asBytes(kPages)), buffer(asBytes(vPages)), buffer(asBytes(kNew)), buffer(asBytes(vNew))
 	lb, tb := buffer(asBytes([]int32{held, held})), buffer(asBytes(table))
 	cb, sb := buffer(asBytes(cos)), buffer(asBytes(sin))
@@ -578,17 +568,7 @@ func TestForwardExOverAPagedFloat16Cache(t *testing.T) {
 func cacheForward16(t *testing.T, ctx *Context, dtype DType, c builtCache, q []float64, opts *Options) (out []uint16, lse []float32, k, v []uint16, err error) {
 	t.Helper()
 	d := c.dims
-	buffer := func(data []byte) *Buffer {
-		b, err := ctx.NewBuffer(len(data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		if err := b.Write(0, data); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	buffer := func(data []byte) *Buffer { return filledBuffer(t, ctx, data) }
 	k, v = to16(from32(c.k), dtype), to16(from32(c.v), dtype)
 	qb, kb, vb := buffer(asBytes(to16(q, dtype))), buffer(asBytes(k)), buffer(asBytes(v))
 	out, lse = make([]uint16, elements(d.out())), make([]float32, elements(d.lse()))
@@ -649,4 +629,18 @@ func TestCacheForward16MatchesFloat64(t *testing.T) {
 				i, k[i], v[i], stdK[i], stdV[i], kAfter[i], vAfter[i])
 		}
 	}
+}
+
+// filledBuffer: a buffer of ctx holding data, closed when the test ends.
+func filledBuffer(t *testing.T, ctx *Context, data []byte) *Buffer {
+	t.Helper()
+	b, err := ctx.NewBuffer(len(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if err := b.Write(0, data); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

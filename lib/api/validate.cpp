@@ -694,6 +694,15 @@ CheckedView check_per_head(const char* name, const flashattn_tensor_t* t, const 
   return c;
 }
 
+// Two tensors that come together: both given or neither (INVALID_ARGUMENT naming the missing).
+void expect_both(const char* a_name, const flashattn_tensor_t* a, const char* b_name,
+                 const flashattn_tensor_t* b, const char* why) {
+  if ((a == nullptr) != (b == nullptr)) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (%s)",
+         a == nullptr ? a_name : b_name, a == nullptr ? b_name : a_name, why);
+  }
+}
+
 // The fields that belong to a KV cache call, before anything else is looked at: none of them
 // without cache_seqlens, none with a variable-length batch, none in a backward.
 void check_cache_fields(const flashattn_args_t& a, CallKind call) {
@@ -768,11 +777,7 @@ void check_cache(const flashattn_args_t& a, CallKind call, Configuration* cfg,
     }
     p.seqlen_k = capacity;
   }
-  if ((a.k_new == nullptr) != (a.v_new == nullptr)) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (rows appended to the "
-         "cache need both)", a.k_new == nullptr ? "k_new" : "v_new",
-         a.k_new == nullptr ? "v_new" : "k_new");
-  }
+  expect_both("k_new", a.k_new, "v_new", a.v_new, "rows appended to the cache need both");
   if (a.k_new != nullptr) {
     const CheckedView k_new = check_view("k_new", a.k_new, kHeads4, false, call.need_data);
     const CheckedView v_new = check_view("v_new", a.v_new, kHeads4, false, call.need_data);
@@ -801,11 +806,8 @@ void check_cache(const flashattn_args_t& a, CallKind call, Configuration* cfg,
     cache_inputs->push_back(v_new);
     p.seqlen_new = n_new;
   }
-  if ((a.rotary_cos == nullptr) != (a.rotary_sin == nullptr)) {
-    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (a rotary embedding "
-         "needs both tables)", a.rotary_cos == nullptr ? "rotary_cos" : "rotary_sin",
-         a.rotary_cos == nullptr ? "rotary_sin" : "rotary_cos");
-  }
+  expect_both("rotary_cos", a.rotary_cos, "rotary_sin", a.rotary_sin,
+              "a rotary embedding needs both tables");
   if (a.rotary_interleaved != 0 && a.rotary_interleaved != 1) {
     fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: rotary_interleaved is %lld, must be 0 or 1",
          static_cast<long long>(a.rotary_interleaved));
@@ -889,11 +891,8 @@ Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
   p.head_dim = a.q->shape[hd];
   p.head_dim_v = a.v->shape[hd];
   if (varlen) {
-    if (a.cu_seqlens_q == nullptr || a.cu_seqlens_k == nullptr) {
-      fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL but %s is given (a variable-length "
-           "batch needs the offsets of both)", a.cu_seqlens_q == nullptr ? "cu_seqlens_q" :
-           "cu_seqlens_k", a.cu_seqlens_q == nullptr ? "cu_seqlens_k" : "cu_seqlens_q");
-    }
+    expect_both("cu_seqlens_q", a.cu_seqlens_q, "cu_seqlens_k", a.cu_seqlens_k,
+                "a variable-length batch needs the offsets of both");
     const CheckedView cu_q = check_offsets("cu_seqlens_q", a.cu_seqlens_q, call.need_data);
     const CheckedView cu_k = check_offsets("cu_seqlens_k", a.cu_seqlens_k, call.need_data);
     if (a.cu_seqlens_k->shape[0] != a.cu_seqlens_q->shape[0]) {
@@ -1234,9 +1233,12 @@ MergeArgs validate_merge(const flashattn_merge_args_t& a, std::vector<CheckedVie
   }
   const CheckedView all_out = all_parts(parts_out, "parts_out", a.num_parts, a.parts_out_stride);
   const CheckedView all_lse = all_parts(parts_lse, "parts_lse", a.num_parts, a.parts_lse_stride);
-  // Aliasing: out and lse each against both parts views; and against each other.
-  check_output_against_parts(out, all_out, parts_out, a.num_parts, a.parts_out_stride, true);
+  // Aliasing: out and lse each against both parts views; and against each other. out against
+  // the LSEs first: an out laid over the (small) LSEs runs on past them into whatever memory
+  // follows, the outputs' buffer too if the heap put it there; the report should not depend on
+  // where the heap put it.
   check_output_against_parts(out, all_lse, parts_lse, a.num_parts, a.parts_lse_stride, false);
+  check_output_against_parts(out, all_out, parts_out, a.num_parts, a.parts_out_stride, true);
   if (a.lse != nullptr) {
     check_output_against_parts(lse, all_lse, parts_lse, a.num_parts, a.parts_lse_stride, true);
     check_output_against_parts(lse, all_out, parts_out, a.num_parts, a.parts_out_stride, false);

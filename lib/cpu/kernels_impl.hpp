@@ -633,9 +633,9 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     q.rows = q.seg_rows * segments;
     q.rows_p = vec_round(q.rows);
     q.lg = logits_of(p, a.variants, seq, b, q.h);
-    for (int c = 0; c < q.rows_p; ++c) {
+    for (int c = 0; q.lg.alibi && c < q.rows_p; ++c) {  // read by logits_cols with ALiBi only
       const int sg = std::min(c / q.seg_rows, segments - 1);  // padding: the last segment's
-      q.slope[c] = q.lg.alibi ? a.variants.alibi.at(b, q.h + sg) * kLog2e : 0.0f;
+      q.slope[c] = a.variants.alibi.at(b, q.h + sg) * kLog2e;
       q.position[c] = static_cast<float>(q.i0 + c % q.seg_rows + q.lg.diag);
     }
     for (int sg = 0; sg < segments; ++sg) {
@@ -801,6 +801,17 @@ void standard_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64
   }
 }
 
+// The largest LSE of a row of parts (the split forward's, flashattn_merge's), NaN when any is NaN (a plain max would skip it).
+inline float merge_row_max(const float* lse, int64_t parts, int64_t stride) {
+  float m = kNegInf;
+  for (int64_t p = 0; p < parts; ++p) {
+    const float l = lse[p * stride];
+    if (l != l) return l;
+    m = l > m ? l : m;
+  }
+  return m;
+}
+
 // The parts of one (sequence, head)'s rows merged: LSE = log2(sum_s 2^LSE_s, plus the sink's
 // 2^sink), O = sum_s 2^(LSE_s - LSE) O_s; as the unsplit forward's end, with the part sums
 // 2^LSE_s in place of its l * 2^m. A row no part saw (every LSE -inf): 0 / -inf.
@@ -818,8 +829,8 @@ void merge_splits_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t b
   for (int64_t i = 0; i < seq.len_q; ++i) {
     const int64_t row = scratch_row(p, seq, h, i);
     const int64_t at = seq.q_begin + i;
-    float m = kNegInf;
-    for (int64_t s = 0; s < pl.key_splits; ++s) m = std::max(m, parts_lse[s * rows + row]);
+    // NaN-propagating (merge_impl.hpp): a part spoiled by a NaN spoils the row, as unsplit.
+    const float m = merge_row_max(parts_lse + row, pl.key_splits, rows);
     if (m == kNegInf) {
       std::fill(merged, merged + dv, 0.0f);
       store_row<E>(out_row<E>(a.out, b, at, h), merged, dv, 0.0f);

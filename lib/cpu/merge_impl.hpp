@@ -9,17 +9,6 @@ constexpr int64_t kMergeRowsPerItem = 64;
 constexpr int64_t kMergeChunk = 256;
 static_assert(kMergeChunk % W == 0, "the chunk holds whole vectors");
 
-// The largest LSE of a row, NaN when any is NaN (a plain max would skip it).
-inline float merge_row_max(const float* lse, int64_t parts, int64_t stride) {
-  float m = kNegInf;
-  for (int64_t p = 0; p < parts; ++p) {
-    const float l = lse[p * stride];
-    if (l != l) return l;
-    m = l > m ? l : m;
-  }
-  return m;
-}
-
 template <class E>
 void merge_row(const MergeArgs& a, int64_t b, int64_t n, int64_t h) {
   using T = typename E::T;

@@ -368,6 +368,27 @@ TEST_SUITE("cpu_kv_cache_splits") {
     }
   }
 
+  TEST_CASE("split keys: a NaN in a key the rows see spoils them as it does unsplit") {
+    // Sequence 1's 100 keys lie in the first of 4 parts (the others see none of them: LSE
+    // -inf); its key 50 holds NaN and infinities, so that part's LSE is NaN: the merge must
+    // keep it, not take the -inf parts' maximum.
+    Case c = cache_case(F32, 1, {3000, 100}, 4, 1, 64, true);
+    c.num_splits = 4;
+    Inputs in = make_inputs(c);
+    in.k.set_nonfinite_row(3000 + 50);
+    CpuContext ctx;
+    const ForwardResult split = run_forward(ctx.get(), c, in, kFlash);
+    c.num_splits = 1;
+    const ForwardResult whole = run_forward(ctx.get(), c, in, kFlash);
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      CHECK(std::isnan(whole.lse.get(0, h, 1)));
+      CHECK_MESSAGE(std::isnan(split.lse.get(0, h, 1)), "head ", h, ": ", split.lse.get(0, h, 1));
+      CHECK_MESSAGE(std::isnan(split.out.get(0, 1, h, 0)), "head ", h);
+      // Sequence 0 never sees the NaN: its rows equal within rounding.
+      CHECK(std::fabs(split.out.get(0, 0, h, 0) - whole.out.get(0, 0, h, 0)) < 1e-5);
+    }
+  }
+
   TEST_CASE("split keys: the same results at 1 thread and at 3, bit for bit") {
     Case c = with_splits_case();
     const Inputs in = make_inputs(c);
