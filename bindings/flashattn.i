@@ -99,5 +99,19 @@
 %ignore FLASHATTN_ARGS_INIT;
 %ignore FLASHATTN_MERGE_ARGS_INIT;
 
+/* Context parallelism is not wrapped yet: its exchange is a C function pointer called back from
+ * the library, and its NCCL communicator comes from the language's own distributed runtime
+ * (torch.distributed for Python). C and Rust (flashattn-sys) callers have it. */
+%ignore flashattn_cp_args;
+%ignore flashattn_cp_args_init_sized;
+%ignore flashattn_cp_workspace_size;
+%ignore flashattn_cp_forward;
+%ignore flashattn_cp_backward;
+%ignore flashattn_cp_exchange_fn;
+%ignore FLASHATTN_CP_ARGS_INIT;
+%ignore FLASHATTN_CP_LAYOUT_CONTIGUOUS;
+%ignore FLASHATTN_CP_LAYOUT_ZIGZAG;
+%ignore flashattn_cp_layout;
+
 %include <flashattn/version.h>
 %include <flashattn/flashattn.h>

@@ -939,6 +939,7 @@ _swig_i_1 = unsafe.Pointer(arg2)
 	return swig_r_1
 }
 
+type Enum_SS_flashattn_cp_layout int
 func _swig_getSizeofTensor() (_swig_ret int64) {
 	var swig_r int64
 	swig_r = (int64)(C._wrap_SizeofTensor_capi_6fe4f32501309386())
