@@ -179,6 +179,7 @@ flashattn_options_t *options_at(void *address);
 %constant size_t SIZEOF_OPTIONS = sizeof(flashattn_options_t);
 %constant size_t SIZEOF_ARGS = sizeof(flashattn_args_t);
 %constant size_t SIZEOF_MERGE_ARGS = sizeof(flashattn_merge_args_t);
+%constant size_t SIZEOF_CP_ARGS = sizeof(flashattn_cp_args_t);
 
 %pythoncode %{
 def flashattn_options_init(options):
@@ -197,6 +198,12 @@ def flashattn_merge_args_init(args):
     """Fills a flashattn_merge_args_t proxy with the defaults, size included: C's
     flashattn_merge_args_init(&m), that is flashattn_merge_args_init_sized(m, SIZEOF_MERGE_ARGS)."""
     flashattn_merge_args_init_sized(args, SIZEOF_MERGE_ARGS)
+
+
+def flashattn_cp_args_init(args):
+    """Fills a flashattn_cp_args_t proxy with the defaults, size included: C's
+    flashattn_cp_args_init(&cp), that is flashattn_cp_args_init_sized(cp, SIZEOF_CP_ARGS)."""
+    flashattn_cp_args_init_sized(args, SIZEOF_CP_ARGS)
 
 
 class Error(RuntimeError):

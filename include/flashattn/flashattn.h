@@ -851,9 +851,9 @@ FLASHATTN_API flashattn_status_t flashattn_cp_args_init_sized(flashattn_cp_args_
  *                                           both given; nccl_comm on a CPU context
  * \retval FLASHATTN_ERROR_INVALID_SHAPE     q and k of different token counts; ZIGZAG with an odd
  *                                           count
- * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported_ex, and
- *                                           UNSUPPORTED for ALiBi, variable-length batches, a KV
- *                                           cache, and cp fields past those this library knows
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported_ex
+ * \retval FLASHATTN_ERROR_UNSUPPORTED     also for ALiBi, variable-length batches, a KV cache,
+ *                                           and cp fields past those this library knows
  * \retval FLASHATTN_ERROR_OUT_OF_MEMORY     the workspace is too large for a size_t */
 FLASHATTN_API flashattn_status_t flashattn_cp_workspace_size(size_t *out, flashattn_context_t ctx,
                                                              const flashattn_cp_args_t *cp,
@@ -864,7 +864,8 @@ FLASHATTN_API flashattn_status_t flashattn_cp_workspace_size(size_t *out, flasha
  * queries over the whole sequence. Memory, workspace (the size flashattn_cp_workspace_size
  * answers; NULL and 0: the context's own scratch), stream and output guarantees as
  * flashattn_forward_ex.
- * \retval as flashattn_cp_workspace_size, and as flashattn_forward_ex
+ * \retval as flashattn_cp_workspace_size
+ * \retval as flashattn_forward_ex
  * \retval FLASHATTN_ERROR_DEVICE  a transfer failed (NCCL's message, or the exchange's value) */
 FLASHATTN_API flashattn_status_t flashattn_cp_forward(flashattn_context_t ctx,
                                                       const flashattn_cp_args_t *cp,
@@ -873,7 +874,8 @@ FLASHATTN_API flashattn_status_t flashattn_cp_forward(flashattn_context_t ctx,
 
 /* This rank's part of the context-parallel backward: dq, dk, dv of its shard (dsinks: its
  * share) from q, k, v, out, lse (the forward's, required) and dout of its shard.
- * \retval as flashattn_cp_forward, and as flashattn_backward_ex */
+ * \retval as flashattn_cp_forward
+ * \retval as flashattn_backward_ex */
 FLASHATTN_API flashattn_status_t flashattn_cp_backward(flashattn_context_t ctx,
                                                        const flashattn_cp_args_t *cp,
                                                        const flashattn_args_t *args,
