@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "cuda/common/convert.cuh"
+
 namespace flashattn {
 namespace cuda {
 namespace {
@@ -17,24 +19,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int64_t kMaxBlocks = 1 << 20;  // enough to fill any GPU; the loop does the rest
 constexpr int kSinkThreads = 256;
-
-template <class T>
-struct Elem;
-template <>
-struct Elem<float> {
-  static __device__ float load(float x) { return x; }
-  static __device__ float store(float x) { return x; }
-};
-template <>
-struct Elem<__half> {
-  static __device__ float load(__half x) { return __half2float(x); }
-  static __device__ __half store(float x) { return __float2half_rn(x); }
-};
-template <>
-struct Elem<__nv_bfloat16> {
-  static __device__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
-};
 
 __device__ inline int64_t at(const Tensor4& t, int64_t b, int64_t i, int64_t h) {
   return b * t.stride_batch + i * t.stride_seq + h * t.stride_head;
@@ -45,7 +29,6 @@ __device__ inline float* lse_at(const LseView& l, int64_t b, int64_t h, int64_t 
 
 template <class T>
 __global__ void ring_kernel(RingOp op) {
-  using E = Elem<T>;
   const int64_t items = op.batch * op.rows * op.heads;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t h = item % op.heads;
@@ -66,12 +49,12 @@ __global__ void ring_kernel(RingOp op) {
         break;
       case RingOpKind::Add:
         for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) {
-          dst_f[at(op.dst, b, i, h) + d] += E::load(src_t[at(op.src, b, i, h) + d]);
+          dst_f[at(op.dst, b, i, h) + d] += to_float(src_t[at(op.src, b, i, h) + d]);
         }
         break;
       case RingOpKind::Store:
         for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) {
-          dst_t[at(op.dst, b, i, h) + d] = E::store(src_f[at(op.src, b, i, h) + d]);
+          dst_t[at(op.dst, b, i, h) + d] = from_float<T>(src_f[at(op.src, b, i, h) + d]);
         }
         break;
       case RingOpKind::FoldInit:
@@ -91,7 +74,7 @@ __global__ void ring_kernel(RingOp op) {
         } else if (p == -CUDART_INF_F) {
           // the part's keys are all hidden from the row: it adds nothing
         } else if (a == -CUDART_INF_F) {
-          for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) acc[d] = E::load(o[d]);
+          for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) acc[d] = to_float(o[d]);
           if (threadIdx.x == 0) *acc_lse = p;
         } else {
           const float m = fmaxf(a, p);
@@ -103,7 +86,7 @@ __global__ void ring_kernel(RingOp op) {
             const float sum = wa + wb;
             const float ca = wa / sum, cb = wb / sum;
             for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) {
-              acc[d] = ca * acc[d] + cb * E::load(o[d]);
+              acc[d] = ca * acc[d] + cb * to_float(o[d]);
             }
             if (threadIdx.x == 0) *acc_lse = m + logf(sum);
           }
@@ -124,7 +107,7 @@ __global__ void ring_kernel(RingOp op) {
           }
         }
         for (int64_t d = threadIdx.x; d < op.dim; d += blockDim.x) {
-          dst_t[at(op.dst, b, i, h) + d] = E::store(src_f[at(op.src, b, i, h) + d] * scale);
+          dst_t[at(op.dst, b, i, h) + d] = from_float<T>(src_f[at(op.src, b, i, h) + d] * scale);
         }
         if (threadIdx.x == 0 && op.dst_lse.data != nullptr) *lse_at(op.dst_lse, b, h, i) = lse;
         break;
@@ -139,7 +122,6 @@ __global__ void ring_kernel(RingOp op) {
 // tree: the result is the same run after run.
 template <class T>
 __global__ void sink_grad_kernel(RingOp op) {
-  using E = Elem<T>;
   __shared__ double partial[kSinkThreads];
   const int64_t h = blockIdx.x;
   const double sink = op.sinks.data[h * op.sinks.stride];
@@ -153,7 +135,7 @@ __global__ void sink_grad_kernel(RingOp op) {
     const T* o = out + at(op.src, b, i, h);
     const T* g = dout + at(op.dst, b, i, h);
     float delta = 0.0f;
-    for (int64_t d = 0; d < op.dim; ++d) delta += E::load(g[d]) * E::load(o[d]);
+    for (int64_t d = 0; d < op.dim; ++d) delta += to_float(g[d]) * to_float(o[d]);
     sum += exp(sink - static_cast<double>(lse)) * static_cast<double>(delta);
   }
   partial[threadIdx.x] = sum;
