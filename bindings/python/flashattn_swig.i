@@ -172,6 +172,16 @@ FLASHATTN_SCALAR_OUT(void *, PyLong_FromVoidPtr)
 %noexception options_at;
 flashattn_options_t *options_at(void *address);
 
+/* flashattn_cp_args_t's exchange (a C function pointer, which SWIG leaves out): set from an
+ * address, e.g. of a ctypes callback that the caller keeps alive through the call. */
+%noexception cp_args_set_exchange;
+%inline %{
+static void cp_args_set_exchange(flashattn_cp_args_t *cp, void *exchange, void *user) {
+  cp->exchange = (flashattn_cp_exchange_fn)exchange;
+  cp->exchange_user = user;
+}
+%}
+
 /* The sizes of the structs as this module was compiled (those its proxies allocate). In C,
  * flashattn_options_init(&o), flashattn_args_init(&a) and flashattn_merge_args_init(&m) are
  * macros that pass sizeof(o) to the _sized functions; SWIG wraps no function-like macro, so the
