@@ -85,6 +85,14 @@
 %noexception flashattn_merge_args::parts_lse_stride;
 %noexception flashattn_merge_args::out;
 %noexception flashattn_merge_args::lse;
+%noexception flashattn_cp_args;
+%noexception flashattn_cp_args::~flashattn_cp_args;
+%noexception flashattn_cp_args::size;
+%noexception flashattn_cp_args::ranks;
+%noexception flashattn_cp_args::rank;
+%noexception flashattn_cp_args::layout;
+%noexception flashattn_cp_args::nccl_comm;
+%noexception flashattn_cp_args::exchange_user;
 
 /* 0 or 1 depending on how the library was built, so a generated binding would depend on the
  * build too: callers ask the loaded library with flashattn_has_cuda(). */
@@ -98,6 +106,13 @@
 %ignore FLASHATTN_OPTIONS_INIT;
 %ignore FLASHATTN_ARGS_INIT;
 %ignore FLASHATTN_MERGE_ARGS_INIT;
+
+/* Context parallelism: the struct's exchange is a C function pointer called back from the
+ * library, which no binding makes from its own language (a binding passes nccl_comm, or leaves
+ * both NULL for one rank). */
+%ignore flashattn_cp_exchange_fn;
+%ignore flashattn_cp_args::exchange;
+%ignore FLASHATTN_CP_ARGS_INIT;
 
 %include <flashattn/version.h>
 %include <flashattn/flashattn.h>

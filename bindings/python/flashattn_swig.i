@@ -172,6 +172,16 @@ FLASHATTN_SCALAR_OUT(void *, PyLong_FromVoidPtr)
 %noexception options_at;
 flashattn_options_t *options_at(void *address);
 
+/* flashattn_cp_args_t's exchange (a C function pointer, which SWIG leaves out): set from an
+ * address, e.g. of a ctypes callback that the caller keeps alive through the call. */
+%noexception cp_args_set_exchange;
+%inline %{
+static void cp_args_set_exchange(flashattn_cp_args_t *cp, void *exchange, void *user) {
+  cp->exchange = (flashattn_cp_exchange_fn)exchange;
+  cp->exchange_user = user;
+}
+%}
+
 /* The sizes of the structs as this module was compiled (those its proxies allocate). In C,
  * flashattn_options_init(&o), flashattn_args_init(&a) and flashattn_merge_args_init(&m) are
  * macros that pass sizeof(o) to the _sized functions; SWIG wraps no function-like macro, so the
@@ -179,6 +189,7 @@ flashattn_options_t *options_at(void *address);
 %constant size_t SIZEOF_OPTIONS = sizeof(flashattn_options_t);
 %constant size_t SIZEOF_ARGS = sizeof(flashattn_args_t);
 %constant size_t SIZEOF_MERGE_ARGS = sizeof(flashattn_merge_args_t);
+%constant size_t SIZEOF_CP_ARGS = sizeof(flashattn_cp_args_t);
 
 %pythoncode %{
 def flashattn_options_init(options):
@@ -197,6 +208,12 @@ def flashattn_merge_args_init(args):
     """Fills a flashattn_merge_args_t proxy with the defaults, size included: C's
     flashattn_merge_args_init(&m), that is flashattn_merge_args_init_sized(m, SIZEOF_MERGE_ARGS)."""
     flashattn_merge_args_init_sized(args, SIZEOF_MERGE_ARGS)
+
+
+def flashattn_cp_args_init(args):
+    """Fills a flashattn_cp_args_t proxy with the defaults, size included: C's
+    flashattn_cp_args_init(&cp), that is flashattn_cp_args_init_sized(cp, SIZEOF_CP_ARGS)."""
+    flashattn_cp_args_init_sized(args, SIZEOF_CP_ARGS)
 
 
 class Error(RuntimeError):

@@ -761,6 +761,126 @@ FLASHATTN_API flashattn_status_t flashattn_merge_args_init_sized(flashattn_merge
 FLASHATTN_API flashattn_status_t flashattn_merge(flashattn_context_t ctx,
                                                  const flashattn_merge_args_t *args);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Context parallelism (ring attention). The tokens of one sequence (per batch entry) are sharded
+ * over `ranks` ranks, each with its own context. Every rank calls flashattn_cp_forward (and later
+ * flashattn_cp_backward) with its shard of q, k, v (and of out, lse, dout, dq, dk, dv): the views
+ * of a flashattn_args_t, [B, n, heads, d], n the shard's tokens, the same shapes, dtypes and
+ * options on every rank. The shards of k and v travel around the ring (rank r sends to r + 1 and
+ * receives from r - 1, modulo ranks); each rank attends its queries to each shard as it arrives,
+ * the next shard's transfer overlapping this one's attention, and combines the parts by their
+ * LSE in fp32 (flashattn_merge's arithmetic), rounding once into out. The backward passes k and
+ * v around again; the gradients of each shard's keys travel with it, summed in fp32, and return
+ * to their rank.
+ *
+ * Layout: the global sequence has N = ranks * n tokens (q and k alike: self-attention):
+ *  - FLASHATTN_CP_LAYOUT_CONTIGUOUS: rank r holds tokens [r n, (r + 1) n);
+ *  - FLASHATTN_CP_LAYOUT_ZIGZAG: N in 2 ranks chunks of n / 2 tokens (n even); rank r holds chunk
+ *    r, then chunk 2 ranks - 1 - r. With a causal mask every rank then has the same work (with
+ *    CONTIGUOUS, rank r has r + 1 shards' work and the last rank sets the pace).
+ * Masks and positions are the global sequence's: causal and the sliding window (diag = 0), with
+ * softcap, GQA, d_v != d and sinks as in one call over the whole sequence. lse is the global
+ * row's; dsinks is this rank's share (the sum over its rows): sum it over the ranks, as every
+ * parameter gradient under context parallelism. ALiBi, variable-length batches and KV caches are
+ * FLASHATTN_ERROR_UNSUPPORTED here. With ranks = 1 the calls are flashattn_forward_ex and
+ * flashattn_backward_ex.
+ *
+ * Transport (the caller's; the library has none of its own), one of:
+ *  - nccl_comm (CUDA contexts): an ncclComm_t the caller created and owns, of `ranks` ranks, this
+ *    rank `rank`, on the context's device (checked). NCCL is not linked: libnccl.so.2 is opened
+ *    at the first call (the copy the process loaded to create the communicator). Transfers run on
+ *    a stream of the context's own, ordered against the context's stream by events, each
+ *    overlapping the attention of the shard before it; the call returns once the work is
+ *    enqueued, as flashattn_forward, and may be captured in a CUDA graph.
+ *  - exchange (any context; the only one for CPU contexts): a function of the caller's (over
+ *    MPI, sockets, shared memory, cudaMemcpy), called as exchange(exchange_user, send, recv,
+ *    bytes) from the calling thread once the context's work so far is finished (a CUDA context's
+ *    stream synchronized): it sends the `bytes` at send to rank + 1, receives as many from
+ *    rank - 1 into recv (both in the workspace, in the context's memory), and returns once both
+ *    are done: 0 on success; any other value fails the call with FLASHATTN_ERROR_DEVICE (the
+ *    message names the value; out, lse, dq, dk, dv are then undefined). Nothing overlaps, and a
+ *    CUDA context's call does not return before its work is done.
+ * The calls are collective: every rank makes each one, in the same order. Each rank validates
+ * its own arguments, and a rank refused before its first transfer leaves the others waiting:
+ * call flashattn_cp_workspace_size on every rank first (it examines all a call does but
+ * pointers and memory), and agree on the result. */
+
+typedef enum flashattn_cp_layout {
+  FLASHATTN_CP_LAYOUT_CONTIGUOUS = 0,
+  FLASHATTN_CP_LAYOUT_ZIGZAG = 1
+} flashattn_cp_layout_t;
+
+/* Sends `bytes` bytes at send to the next rank and receives as many from the previous rank
+ * into recv; returns 0 on success. */
+typedef int (*flashattn_cp_exchange_fn)(void *user, const void *send, void *recv, size_t bytes);
+
+typedef struct flashattn_cp_args {
+  size_t size;                      /* sizeof(flashattn_cp_args_t) as the caller compiled it;
+                                       read as flashattn_args_t is */
+  int64_t ranks;                    /* >= 1 (default 1) */
+  int64_t rank;                     /* this rank: 0 <= rank < ranks */
+  int64_t layout;                   /* a flashattn_cp_layout_t (default CONTIGUOUS) */
+  void *nccl_comm;                  /* the ncclComm_t (CUDA contexts), or NULL */
+  flashattn_cp_exchange_fn exchange; /* the exchange, or NULL; with ranks > 1 one of the two */
+  void *exchange_user;              /* passed to exchange as is */
+} flashattn_cp_args_t;
+
+#define FLASHATTN_CP_ARGS_INIT \
+  { sizeof(flashattn_cp_args_t), 1, 0, FLASHATTN_CP_LAYOUT_CONTIGUOUS, NULL, NULL, NULL }
+
+/* Fills the first `size` bytes of *out with the defaults (FLASHATTN_CP_ARGS_INIT) and sets
+ * out->size = size; `size` is handled as by flashattn_options_init_sized.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out is NULL; size below the first
+ *                                           flashattn_cp_args_t, inside a field or above 4096 */
+FLASHATTN_API flashattn_status_t flashattn_cp_args_init_sized(flashattn_cp_args_t *out,
+                                                              size_t size);
+
+/* flashattn_cp_args_init(out): fills *out, a flashattn_cp_args_t of this header, with the
+ * defaults (no exported function has this name; see flashattn_args_init). */
+#define flashattn_cp_args_init(out) flashattn_cp_args_init_sized((out), sizeof(*(out)))
+
+/* The workspace (the context's memory) flashattn_cp_forward (backward = 0) or
+ * flashattn_cp_backward (backward = 1) needs: two shards of k and v, the parts and their fp32
+ * sums (the backward's: the travelling fp32 gradients of k and v, and dq's sum), and what the
+ * calls on each part need. Examines cp and args as the call does, but for data pointers and
+ * memory; the transport is not used (an nccl_comm is checked against cp by the calls).
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out, ctx, cp or args is NULL; ranks < 1; rank out of
+ *                                           range; an unknown layout; with ranks > 1 no transport;
+ *                                           both given; nccl_comm on a CPU context
+ * \retval FLASHATTN_ERROR_INVALID_SHAPE     q and k of different token counts; ZIGZAG with an odd
+ *                                           count
+ * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported_ex
+ * \retval FLASHATTN_ERROR_UNSUPPORTED     also for ALiBi, variable-length batches, a KV cache,
+ *                                           and cp fields past those this library knows
+ * \retval FLASHATTN_ERROR_OUT_OF_MEMORY     the workspace is too large for a size_t */
+FLASHATTN_API flashattn_status_t flashattn_cp_workspace_size(size_t *out, flashattn_context_t ctx,
+                                                             const flashattn_cp_args_t *cp,
+                                                             const flashattn_args_t *args,
+                                                             int backward);
+
+/* This rank's part of the context-parallel forward: out and lse (NULL: not wanted) of its
+ * queries over the whole sequence. Memory, workspace (the size flashattn_cp_workspace_size
+ * answers; NULL and 0: the context's own scratch), stream and output guarantees as
+ * flashattn_forward_ex.
+ * \retval as flashattn_cp_workspace_size
+ * \retval as flashattn_forward_ex
+ * \retval FLASHATTN_ERROR_DEVICE  a transfer failed (NCCL's message, or the exchange's value) */
+FLASHATTN_API flashattn_status_t flashattn_cp_forward(flashattn_context_t ctx,
+                                                      const flashattn_cp_args_t *cp,
+                                                      const flashattn_args_t *args,
+                                                      void *workspace, size_t workspace_size);
+
+/* This rank's part of the context-parallel backward: dq, dk, dv of its shard (dsinks: its
+ * share) from q, k, v, out, lse (the forward's, required) and dout of its shard.
+ * \retval as flashattn_cp_forward
+ * \retval as flashattn_backward_ex */
+FLASHATTN_API flashattn_status_t flashattn_cp_backward(flashattn_context_t ctx,
+                                                       const flashattn_cp_args_t *cp,
+                                                       const flashattn_args_t *args,
+                                                       void *workspace, size_t workspace_size);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

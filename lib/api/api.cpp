@@ -12,6 +12,8 @@
 #include "api/last_error.hpp"
 #include "api/registry.hpp"
 #include "api/validate.hpp"
+#include "parallel/exchange_transport.hpp"
+#include "parallel/ring_attention.hpp"
 
 namespace flashattn {
 
@@ -235,6 +237,121 @@ void merge(ContextState& state, const flashattn_merge_args_t& args) {
   ContextUse use(state);
   check_memory(state, views);
   state.backend->merge(a);
+}
+
+// ---- Context parallelism ---------------------------------------------------------------------
+
+// cp's fields, against the context's kind and this rank's shard problem.
+parallel::RingSetup cp_setup(const ContextState& state, const flashattn_cp_args_t& cp,
+                             const Problem& p) {
+  if (cp.ranks < 1) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cp: ranks is %lld; at least 1",
+         static_cast<long long>(cp.ranks));
+  }
+  if (cp.rank < 0 || cp.rank >= cp.ranks) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cp: rank is %lld; ranks %lld are 0 to %lld",
+         static_cast<long long>(cp.rank), static_cast<long long>(cp.ranks),
+         static_cast<long long>(cp.ranks - 1));
+  }
+  if (cp.layout != FLASHATTN_CP_LAYOUT_CONTIGUOUS && cp.layout != FLASHATTN_CP_LAYOUT_ZIGZAG) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "cp: layout is %lld; FLASHATTN_CP_LAYOUT_CONTIGUOUS (0) or FLASHATTN_CP_LAYOUT_ZIGZAG (1)",
+         static_cast<long long>(cp.layout));
+  }
+  const bool cuda = state.backend->kind() == FLASHATTN_BACKEND_CUDA;
+  if (!cuda && cp.nccl_comm != nullptr) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "cp: nccl_comm is set on a CPU context; its transport is an exchange function");
+  }
+  if (cp.nccl_comm != nullptr && cp.exchange != nullptr) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+         "cp: both nccl_comm and exchange are set; give one transport");
+  }
+  if (cp.ranks > 1 && cp.nccl_comm == nullptr && cp.exchange == nullptr) {
+    fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cp: %s is NULL with %lld ranks",
+         cuda ? "the transport (nccl_comm or exchange)" : "exchange",
+         static_cast<long long>(cp.ranks));
+  }
+  if (p.varlen) {
+    fail(FLASHATTN_ERROR_UNSUPPORTED,
+         "cp: variable-length batches are not sharded in this version (cu_seqlens_q is set)");
+  }
+  if (p.kv_cache != KvCache::None) {
+    fail(FLASHATTN_ERROR_UNSUPPORTED, "cp: a KV cache is not sharded (cache_seqlens is set)");
+  }
+  if (p.alibi != Alibi::None) {
+    fail(FLASHATTN_ERROR_UNSUPPORTED,
+         "cp: ALiBi is not supported with context parallelism in this version");
+  }
+  if (p.seqlen_q != p.seqlen_k) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE,
+         "cp: q holds %lld tokens and k %lld; a rank's shards of q, k and v hold the same tokens",
+         static_cast<long long>(p.seqlen_q), static_cast<long long>(p.seqlen_k));
+  }
+  if (cp.layout == FLASHATTN_CP_LAYOUT_ZIGZAG && p.seqlen_q % 2 != 0) {
+    fail(FLASHATTN_ERROR_INVALID_SHAPE,
+         "cp: the zigzag layout holds two chunks of equal length; the shard's %lld tokens are odd",
+         static_cast<long long>(p.seqlen_q));
+  }
+  parallel::RingSetup s;
+  s.ranks = cp.ranks;
+  s.rank = cp.rank;
+  s.layout = cp.layout == FLASHATTN_CP_LAYOUT_ZIGZAG ? parallel::Layout::Zigzag
+                                                     : parallel::Layout::Contiguous;
+  return s;
+}
+
+std::unique_ptr<RingTransport> cp_transport(ContextState& state, const flashattn_cp_args_t& cp) {
+  if (cp.nccl_comm != nullptr) {
+    return state.backend->make_nccl_transport(cp.nccl_comm, cp.ranks, cp.rank);
+  }
+  return std::make_unique<parallel::ExchangeTransport>(*state.backend, cp.exchange,
+                                                       cp.exchange_user);
+}
+
+size_t cp_workspace_size(ContextState& state, const flashattn_cp_args_t& cp,
+                         const flashattn_args_t& args, bool backward) {
+  const Problem p = validate_problem(args, backward);
+  const parallel::RingSetup setup = cp_setup(state, cp, p);
+  state.backend->check_supported(p, backward);
+  if (setup.ranks == 1) return workspace_query(state.backend->workspace_size(p, backward));
+  return workspace_query(parallel::ring_workspace_size(*state.backend, setup, p, backward));
+}
+
+void cp_forward(ContextState& state, const flashattn_cp_args_t& cp, const flashattn_args_t& args,
+                void* workspace, size_t workspace_size) {
+  std::vector<CheckedView> views;
+  const ForwardArgs a = validate_forward(args, &views);
+  const parallel::RingSetup setup = cp_setup(state, cp, a.problem);
+  if (setup.ranks == 1) {
+    if (cp.nccl_comm != nullptr) (void)cp_transport(state, cp);  // NCCL and the comm checked
+    return forward(state, args, workspace, workspace_size);
+  }
+  state.backend->check_supported(a.problem, false);
+  const size_t needed = parallel::ring_workspace_size(*state.backend, setup, a.problem, false);
+  ContextUse use(state);
+  check_memory(state, views);
+  Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+  std::unique_ptr<RingTransport> transport = cp_transport(state, cp);
+  parallel::ring_forward(*state.backend, *transport, setup, a, ws);
+}
+
+void cp_backward(ContextState& state, const flashattn_cp_args_t& cp,
+                 const flashattn_args_t& args, void* workspace, size_t workspace_size) {
+  std::vector<CheckedView> views;
+  const BackwardArgs a = validate_backward(args, &views);
+  const parallel::RingSetup setup = cp_setup(state, cp, a.problem);
+  if (setup.ranks == 1) {
+    if (cp.nccl_comm != nullptr) (void)cp_transport(state, cp);
+    return backward(state, args, workspace, workspace_size);
+  }
+  state.backend->check_supported(a.problem, true);
+  const size_t needed = parallel::ring_workspace_size(*state.backend, setup, a.problem, true);
+  ContextUse use(state);
+  check_memory(state, views);
+  Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
+  std::unique_ptr<RingTransport> transport = cp_transport(state, cp);
+  parallel::ring_backward(*state.backend, *transport, setup, a, ws);
 }
 
 }  // namespace
@@ -655,6 +772,45 @@ FLASHATTN_API flashattn_status_t flashattn_merge(flashattn_context_t ctx,
   return guarded(__func__, [&] {
     ContextState& state = state_of(ctx);
     merge(state, read_merge_args(args));
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_args_init_sized(flashattn_cp_args_t* out,
+                                                              size_t size) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    init_cp_args_sized(out, size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_workspace_size(size_t* out, flashattn_context_t ctx,
+                                                             const flashattn_cp_args_t* cp,
+                                                             const flashattn_args_t* args,
+                                                             int backward) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    ContextState& state = state_of(ctx);
+    *out = cp_workspace_size(state, read_cp_args(cp), read_args(args), backward != 0);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_forward(flashattn_context_t ctx,
+                                                      const flashattn_cp_args_t* cp,
+                                                      const flashattn_args_t* args,
+                                                      void* workspace, size_t workspace_size) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    cp_forward(state, read_cp_args(cp), read_args(args), workspace, workspace_size);
+  });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_backward(flashattn_context_t ctx,
+                                                       const flashattn_cp_args_t* cp,
+                                                       const flashattn_args_t* args,
+                                                       void* workspace, size_t workspace_size) {
+  return guarded(__func__, [&] {
+    ContextState& state = state_of(ctx);
+    cp_backward(state, read_cp_args(cp), read_args(args), workspace, workspace_size);
   });
 }
 

@@ -416,6 +416,15 @@ constexpr size_t kMergeArgsFieldEnds[] = {
     FLASHATTN_FIELD_END(flashattn_merge_args_t, lse),
 };
 
+constexpr size_t kCpArgsFieldEnds[] = {
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, ranks),
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, rank),
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, layout),
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, nccl_comm),
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, exchange),
+    FLASHATTN_FIELD_END(flashattn_cp_args_t, exchange_user),
+};
+
 #undef FLASHATTN_FIELD_END
 
 static_assert(kOptionsFieldEnds[sizeof(kOptionsFieldEnds) / sizeof(size_t) - 1] ==
@@ -466,6 +475,19 @@ constexpr StructInfo kMergeArgsInfo{"args",
                                     sizeof(flashattn_merge_args_t),
                                     kMergeArgsFieldEnds,
                                     sizeof(kMergeArgsFieldEnds) / sizeof(size_t)};
+// The first flashattn_cp_args_t: it has not grown yet.
+constexpr size_t kCpArgsFirstSize = sizeof(flashattn_cp_args_t);
+static_assert(kCpArgsFieldEnds[sizeof(kCpArgsFieldEnds) / sizeof(size_t) - 1] ==
+                  sizeof(flashattn_cp_args_t),
+              "the last field of flashattn_cp_args_t is listed");
+
+constexpr StructInfo kCpArgsInfo{"cp",
+                                 "flashattn_cp_args_t",
+                                 "flashattn_cp_args_init() or FLASHATTN_CP_ARGS_INIT",
+                                 kCpArgsFirstSize,
+                                 sizeof(flashattn_cp_args_t),
+                                 kCpArgsFieldEnds,
+                                 sizeof(kCpArgsFieldEnds) / sizeof(size_t)};
 constexpr StructInfo kArgsInfo{"args",
                                "flashattn_args_t",
                                "flashattn_args_init() or FLASHATTN_ARGS_INIT",
@@ -603,6 +625,20 @@ flashattn_merge_args_t read_merge_args(const flashattn_merge_args_t* args) {
   read_sized(kMergeArgsInfo, args, &a);
   a.size = sizeof(a);
   return a;
+}
+
+flashattn_cp_args_t read_cp_args(const flashattn_cp_args_t* cp) {
+  if (cp == nullptr) fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cp is NULL");
+  flashattn_cp_args_t a;
+  std::memset(&a, 0, sizeof a);
+  read_sized(kCpArgsInfo, cp, &a);
+  a.size = sizeof(a);
+  return a;
+}
+
+void init_cp_args_sized(flashattn_cp_args_t* out, size_t size) {
+  const flashattn_cp_args_t defaults = FLASHATTN_CP_ARGS_INIT;
+  write_sized(kCpArgsInfo, &defaults, out, size);
 }
 
 void init_merge_args_sized(flashattn_merge_args_t* out, size_t size) {

@@ -48,12 +48,14 @@ constexpr size_t kArgsFirstSize = offsetof(flashattn_args_t, max_seqlen_k) + siz
 void init_options_sized(flashattn_options_t* out, size_t size);
 void init_args_sized(flashattn_args_t* out, size_t size);
 void init_merge_args_sized(flashattn_merge_args_t* out, size_t size);
+void init_cp_args_sized(flashattn_cp_args_t* out, size_t size);
 
 // Defaults, then the first options->size bytes the library knows of (NULL: all defaults).
 flashattn_options_t read_options(const flashattn_options_t* options);
 // The same for the arguments struct of the _ex calls (NULL: INVALID_ARGUMENT).
 flashattn_args_t read_args(const flashattn_args_t* args);
 flashattn_merge_args_t read_merge_args(const flashattn_merge_args_t* args);
+flashattn_cp_args_t read_cp_args(const flashattn_cp_args_t* cp);
 
 // Shapes, dtypes, strides and options of a configuration (what flashattn_supported and
 // flashattn_workspace_size examine); data pointers are not looked at.

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/problem.hpp"
+#include "core/ring.hpp"
 
 namespace flashattn {
 
@@ -28,6 +29,14 @@ class Backend {
   virtual void check_merge_supported(DType dtype) const = 0;
   // The validated merge; no workspace: a merge needs none.
   virtual void merge(const MergeArgs& args) = 0;
+
+  // Context parallelism (lib/parallel): the elementwise steps between its attention calls, in
+  // order with them (on the context's stream for CUDA).
+  virtual void ring_op(const RingOp& op) = 0;
+  // A transport over the caller's NCCL communicator (comm, an ncclComm_t of `ranks` ranks, this
+  // one `rank`), checked against it. Throws UNSUPPORTED where there is no NCCL (the CPU).
+  virtual std::unique_ptr<RingTransport> make_nccl_transport(void* comm, int64_t ranks,
+                                                             int64_t rank) = 0;
 
   // Memory in the backend's space, 256-byte aligned. allocate throws OUT_OF_MEMORY or
   // DEVICE_OUT_OF_MEMORY; deallocate waits for enqueued work that may use the memory.

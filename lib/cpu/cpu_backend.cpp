@@ -12,6 +12,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/kv_cache.hpp"
 #include "cpu/plan.hpp"
+#include "cpu/ring_ops.hpp"
 #include "cpu/sequences.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -144,6 +145,12 @@ class CpuBackend final : public Backend {
   void check_merge_supported(DType) const override {}  // every dtype, float32 included
 
   void merge(const MergeArgs& args) override { kernels_.merge(args, pool()); }
+
+  void ring_op(const RingOp& op) override { cpu::ring_op(op, pool()); }
+  std::unique_ptr<RingTransport> make_nccl_transport(void*, int64_t, int64_t) override {
+    fail(FLASHATTN_ERROR_UNSUPPORTED,
+         "cp: NCCL moves device memory; a CPU context takes an exchange function instead");
+  }
 
   void* allocate(size_t bytes) override {
     if (bytes > kMaxAllocation) {

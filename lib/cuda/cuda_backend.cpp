@@ -19,6 +19,8 @@
 #include "cuda/device_memory.hpp"
 #include "cuda/flash/flash.hpp"
 #include "cuda/merge/merge.hpp"
+#include "cuda/parallel/nccl_transport.hpp"
+#include "cuda/parallel/ring_ops.hpp"
 #include "cuda/standard/standard.hpp"
 #include "cuda/standard/standard_kernels.hpp"
 
@@ -79,6 +81,9 @@ class CudaBackend final : public Backend {
   void backward(const BackwardArgs& args, Workspace ws) override;
   void check_merge_supported(DType dtype) const override;
   void merge(const MergeArgs& args) override;
+  void ring_op(const RingOp& op) override;
+  std::unique_ptr<RingTransport> make_nccl_transport(void* comm, int64_t ranks,
+                                                     int64_t rank) override;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) noexcept override;
@@ -108,6 +113,7 @@ class CudaBackend final : public Backend {
   void* cublas_workspace_ = nullptr;
   const char* standard_unavailable_ = nullptr;  // why the standard kernels cannot run here
   std::string standard_unavailable_text_;
+  std::unique_ptr<cuda::RingStreams> ring_streams_;  // context parallelism's, made on first use
 };
 
 CudaBackend::CudaBackend(int device) {
@@ -285,6 +291,17 @@ void CudaBackend::check_merge_supported(DType dtype) const {
 void CudaBackend::merge(const MergeArgs& args) {
   DeviceGuard guard(dev_.ordinal);
   check_cuda(cuda::merge_partials(args, current()), "merge kernel launch");
+}
+
+void CudaBackend::ring_op(const RingOp& op) {
+  DeviceGuard guard(dev_.ordinal);
+  check_cuda(cuda::launch_ring_op(op, current()), "context-parallel step launch");
+}
+
+std::unique_ptr<RingTransport> CudaBackend::make_nccl_transport(void* comm, int64_t ranks,
+                                                                int64_t rank) {
+  if (ring_streams_ == nullptr) ring_streams_ = std::make_unique<cuda::RingStreams>(dev_.ordinal);
+  return cuda::make_nccl_transport(*ring_streams_, current(), comm, ranks, rank, dev_.ordinal);
 }
 
 void* CudaBackend::allocate(size_t bytes) {

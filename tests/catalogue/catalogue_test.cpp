@@ -149,7 +149,13 @@ enum {
 
 // The _ex ops take the plain op's views and the variant tensors through a flashattn_args_t.
 bool is_ex(const std::string& op) { return op.size() > 3 && op.compare(op.size() - 3, 3, "_ex") == 0; }
-std::string plain_op(const std::string& op) { return is_ex(op) ? op.substr(0, op.size() - 3) : op; }
+// The context-parallel ops take what the _ex ops take, and a flashattn_cp_args_t.
+bool is_cp(const std::string& op) { return op.compare(0, 3, "cp_") == 0; }
+bool takes_args(const std::string& op) { return is_ex(op) || is_cp(op); }
+std::string plain_op(const std::string& op) {
+  if (is_cp(op)) return op.substr(3);
+  return is_ex(op) ? op.substr(0, op.size() - 3) : op;
+}
 
 bool is_output(const std::string& op, int t) {
   if (op == "merge") return t == OUT || t == LSE;
@@ -203,6 +209,9 @@ struct Fixture {
   flashattn_merge_args_t merge_args = FLASHATTN_MERGE_ARGS_INIT;
   bool args_present = true;
   bool merge = false;  // the op is merge: `args` mutations go to merge_args
+  flashattn_cp_args_t cp_args = FLASHATTN_CP_ARGS_INIT;
+  bool cp_present = true;
+  int cp_comm_stand_in = 0;  // what cp.nccl_comm=set points at: no communicator
 
   // The variant tensors' buffers exist for the _ex ops only: the heap then places the other
   // buffers of a plain op's call as it did before there were variants (some lines depend on
@@ -216,8 +225,8 @@ struct Fixture {
     // The merge's parts come after the nine plain buffers, and only for merge.
     std::vector<int> tensors;
     for (int t = 0; t < ALIBI; ++t) tensors.push_back(t);
-    for (int t = ALIBI; is_ex(op) && t <= CU_K; ++t) tensors.push_back(t);
-    for (int t = CACHE_SEQLENS; is_ex(op) && t <= ROTARY_SIN; ++t) tensors.push_back(t);
+    for (int t = ALIBI; takes_args(op) && t <= CU_K; ++t) tensors.push_back(t);
+    for (int t = CACHE_SEQLENS; takes_args(op) && t <= ROTARY_SIN; ++t) tensors.push_back(t);
     if (merge) tensors.insert(tensors.end(), {PARTS_OUT, PARTS_LSE});
     for (int t : tensors) {
       const bool like_k = t == K || t == V || t == DK || t == DV;
@@ -278,6 +287,8 @@ struct Fixture {
     flashattn_options_t o;
     if (flashattn_options_init(&o) != FLASHATTN_SUCCESS) throw std::runtime_error("options_init");
     std::memcpy(options_storage, &o, sizeof o);
+    if (flashattn_cp_args_init(&cp_args) != FLASHATTN_SUCCESS) throw std::runtime_error("cp_args_init");
+    if (is_cp(op)) make_self_attention();
   }
 
   ~Fixture() {
@@ -365,6 +376,28 @@ struct Fixture {
       if (rhs != "1") throw std::runtime_error(lhs + " takes only 1");
       if (bufs[CACHE_SEQLENS] == nullptr) throw std::runtime_error(lhs + " needs an _ex op");
       lhs == "cache" ? make_cache() : make_paged();
+      return;
+    }
+    if (lhs == "cp") {
+      if (rhs != "null") throw std::runtime_error("cp takes only null");
+      cp_present = false;
+      return;
+    }
+    if (lhs.compare(0, 3, "cp.") == 0) {
+      const std::string field = lhs.substr(3);
+      if (field == "size") {
+        cp_args.size = static_cast<size_t>(parse_int(rhs));  // two's complement: -1 = SIZE_MAX
+      } else if (field == "ranks") {
+        cp_args.ranks = parse_int(rhs);
+      } else if (field == "rank") {
+        cp_args.rank = parse_int(rhs);
+      } else if (field == "layout") {
+        cp_args.layout = parse_int(rhs);
+      } else if (field == "nccl_comm" && rhs == "set") {
+        cp_args.nccl_comm = &cp_comm_stand_in;
+      } else {
+        throw std::runtime_error("unknown cp mutation '" + lhs + "=" + rhs + "'");
+      }
       return;
     }
     if (lhs == "args.rotary_interleaved") {
@@ -526,6 +559,19 @@ struct Fixture {
     args.max_seqlen_k = NK;
   }
 
+  // The context-parallel ops' baseline: q, out, dout and dq hold as many tokens as k (a shard
+  // of self-attention), over the start of their buffers.
+  void make_self_attention() {
+    for (int t : {Q, OUT, DOUT, DQ}) {
+      views[t].shape[1] = NK;
+      views[t].strides[0] = NK * HQ * D;
+    }
+    flashattn_tensor_t& l = views[LSE];
+    l.shape[2] = NK;
+    l.strides[0] = HQ * NK;
+    l.strides[1] = NK;
+  }
+
   // The KV cache form: four query tokens against the contiguous cache that k and v are.
   void make_cache() {
     views[Q].shape[1] = views[OUT].shape[1] = kCacheQueries;
@@ -590,6 +636,16 @@ struct Fixture {
     flashattn_options_t* opt = options_ptr();
     *out_untouched = true;
     if (op == "merge") return flashattn_merge(ctx_arg, merge_args_ptr());
+    const flashattn_cp_args_t* cp = cp_present ? &cp_args : nullptr;
+    if (op == "cp_forward") return flashattn_cp_forward(ctx_arg, cp, args_ptr(), workspace, workspace_size);
+    if (op == "cp_backward") return flashattn_cp_backward(ctx_arg, cp, args_ptr(), workspace, workspace_size);
+    if (op == "cp_workspace_size") {
+      const size_t sentinel = 0x5eed5eed;
+      size_t out = sentinel;
+      flashattn_status_t st = flashattn_cp_workspace_size(&out, ctx_arg, cp, args_ptr(), backward_flag);
+      *out_untouched = out == sentinel;
+      return st;
+    }
     if (op == "forward_ex") return flashattn_forward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
     if (op == "backward_ex") return flashattn_backward_ex(ctx_arg, args_ptr(), workspace, workspace_size);
     if (op == "supported_ex") return flashattn_supported_ex(ctx_arg, args_ptr(), backward_flag);
@@ -689,7 +745,8 @@ TEST_CASE("catalogue: well-formed, unique ids, every reachable 1xx/2xx status co
           std::string::npos);
     CHECK((c.op == "forward" || c.op == "backward" || c.op == "supported" ||
            c.op == "workspace_size" || c.op == "forward_ex" || c.op == "backward_ex" ||
-           c.op == "supported_ex" || c.op == "workspace_size_ex" || c.op == "merge"));
+           c.op == "supported_ex" || c.op == "workspace_size_ex" || c.op == "merge" ||
+           c.op == "cp_forward" || c.op == "cp_backward" || c.op == "cp_workspace_size"));
     int code = -1;
     CHECK(status_by_name(c.status_name, &code));
     CHECK(code != 0);  // a catalogue of bad inputs
@@ -710,7 +767,8 @@ TEST_CASE("catalogue: the header documents every status the catalogue expects of
   const std::string header = read_file(FLASHATTN_HEADER_FILE);
   std::map<std::string, std::set<std::string>> documented;
   for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
-                         "backward_ex", "supported_ex", "workspace_size_ex", "merge"}) {
+                         "backward_ex", "supported_ex", "workspace_size_ex", "merge",
+                         "cp_forward", "cp_backward", "cp_workspace_size"}) {
     documented[op] = documented_statuses(header, std::string("flashattn_") + op);
     INFO("flashattn_" << op);
     CHECK(documented[op].count("FLASHATTN_SUCCESS") == 1);
@@ -736,14 +794,18 @@ TEST_CASE("catalogue: the unmutated baseline of each op succeeds") {
   const char* const kMergeVariants[] = {"", "lse=null",
                                         "out.data=alias:parts_out;lse.data=alias:parts_lse",
                                         "args.parts_out_stride=0;args.parts_lse_stride=0"};
+  // The context-parallel ops: one rank as given, zigzag, with sinks.
+  const char* const kCpVariants[] = {"", "cp.layout=1", "sinks=given;dsinks=given"};
   for (const char* op : {"forward", "backward", "supported", "workspace_size", "forward_ex",
-                         "backward_ex", "supported_ex", "workspace_size_ex", "merge"}) {
+                         "backward_ex", "supported_ex", "workspace_size_ex", "merge",
+                         "cp_forward", "cp_backward", "cp_workspace_size"}) {
     const bool merging = std::string(op) == "merge";
     const std::vector<const char*> lines =
-        merging ? std::vector<const char*>(std::begin(kMergeVariants), std::end(kMergeVariants))
-                : std::vector<const char*>(std::begin(variants), std::end(variants));
+        merging    ? std::vector<const char*>(std::begin(kMergeVariants), std::end(kMergeVariants))
+        : is_cp(op) ? std::vector<const char*>(std::begin(kCpVariants), std::end(kCpVariants))
+                    : std::vector<const char*>(std::begin(variants), std::end(variants));
     for (const char* mutations : lines) {
-      if (!is_ex(op) && std::string(op) != "merge" && mutations[0] != '\0') continue;
+      if (!takes_args(op) && std::string(op) != "merge" && mutations[0] != '\0') continue;
       for (int backward : {0, 1}) {
         // The KV cache is forward only: its backward forms are catalogue lines.
         const bool cache_form = std::strstr(mutations, "cache=1") != nullptr;

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -268,6 +269,36 @@ struct HostBlock {  // an exact-size host allocation, so ASan sees any overrun
   }
 };
 
+// A contiguous view of an exact host block.
+flashattn_tensor_t block_tensor(HostBlock& h, int dtype, std::initializer_list<int64_t> shape) {
+  flashattn_tensor_t t{};
+  t.data = h.p.get();
+  t.dtype = static_cast<flashattn_dtype_t>(dtype);
+  t.rank = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t x : shape) t.shape[i++] = x;
+  int64_t stride = 1;
+  for (int j = t.rank - 1; j >= 0; --j) {
+    t.strides[j] = stride;
+    stride *= t.shape[j];
+  }
+  return t;
+}
+
+// Small finite values, base + 0.01 (i mod 97), as float32 or bfloat16 elements.
+void fill_pattern(HostBlock& h, bool bf16, float base) {
+  const size_t es = bf16 ? 2 : 4;
+  for (size_t i = 0; i * es < h.n; ++i) {
+    const float f = base + 0.01f * static_cast<float>(i % 97);
+    if (bf16) {
+      const uint16_t v = to_bf16(f);
+      std::memcpy(h.p.get() + i * 2, &v, 2);
+    } else {
+      std::memcpy(h.p.get() + i * 4, &f, 4);
+    }
+  }
+}
+
 class Harness {
  public:
   explicit Harness(Input& in) : in_(in) {
@@ -307,11 +338,17 @@ class Harness {
   // An op byte of kKvCacheOpByte runs op_kv_cache; any other byte picks op byte % kNumOps, as
   // before that op existed (so earlier inputs keep their meaning, but for that one byte).
   static constexpr uint8_t kKvCacheOpByte = 0xFF;
+  // And kCpOpByte op_cp (the byte before it), likewise.
+  static constexpr uint8_t kCpOpByte = 0xFE;
 
   void step() {
     const uint8_t op_byte = in_.u8();
     if (op_byte == kKvCacheOpByte) {
       op_kv_cache();
+      return;
+    }
+    if (op_byte == kCpOpByte) {
+      op_cp();
       return;
     }
     const int op = op_byte % kNumOps;
@@ -399,17 +436,7 @@ class Harness {
 
     // The tensors, each an exact block; inputs small finite values, the cache's rows NaN.
     const auto block = [&](HostBlock& h, int64_t elems) { h.reset(static_cast<size_t>(elems) * es); };
-    const auto fill = [&](HostBlock& h, float base) {
-      for (size_t i = 0; i * es < h.n; ++i) {
-        const float f = base + 0.01f * static_cast<float>(i % 97);
-        if (bf16) {
-          const uint16_t v = to_bf16(f);
-          std::memcpy(h.p.get() + i * 2, &v, 2);
-        } else {
-          std::memcpy(h.p.get() + i * 4, &f, 4);
-        }
-      }
-    };
+    const auto fill = [&](HostBlock& h, float base) { fill_pattern(h, bf16, base); };
     const int64_t slots = paged ? num_pages : B, rows = paged ? page : capacity;
     HostBlock q, k, v, out, lse, k_new, v_new, cos, sin;
     block(q, B * nq * hq * d);
@@ -439,20 +466,7 @@ class Harness {
     }
     std::memset(out.p.get(), 0xa5, out.n);
     std::memset(lse.p.get(), 0xa5, lse.n);
-    const auto tensor = [&](HostBlock& h, int dt, std::initializer_list<int64_t> shape) {
-      flashattn_tensor_t t{};
-      t.data = h.p.get();
-      t.dtype = static_cast<flashattn_dtype_t>(dt);
-      t.rank = static_cast<int32_t>(shape.size());
-      int i = 0;
-      for (int64_t x : shape) t.shape[i++] = x;
-      int64_t stride = 1;
-      for (int j = t.rank - 1; j >= 0; --j) {
-        t.strides[j] = stride;
-        stride *= t.shape[j];
-      }
-      return t;
-    };
+    const auto tensor = block_tensor;
     const flashattn_tensor_t tq = tensor(q, dtype, {B, nq, hq, d});
     const flashattn_tensor_t tk = tensor(k, dtype, {slots, rows, hkv, d});
     const flashattn_tensor_t tv = tensor(v, dtype, {slots, rows, hkv, d});
@@ -539,6 +553,186 @@ class Harness {
                    "an appended row of k_new is in the cache");
           }
     }
+  }
+
+  // ----- context parallelism (self-contained: op_kv_cache's CPU context, exact host blocks) -----
+
+  // A context-parallel forward (and backward) of one rank with fuzzed sizes, ranks, layout and
+  // masks, over an exchange that hands the rank its own shard back: as if every rank held the
+  // same shard. The sequence is then known (the shard repeated as the layout places it), so the
+  // rank's out and lse must be those rows of one forward over that sequence; without a mask the
+  // rank's dq, dk, dv are likewise those rows of one backward (each key seen by the ranks' equal
+  // queries), with one: finite. ASan sees any access past the exact blocks.
+  void op_cp() {
+    const bool bf16 = (in_.u8() & 1) != 0;
+    const int dtype = bf16 ? FLASHATTN_DTYPE_BFLOAT16 : FLASHATTN_DTYPE_FLOAT32;
+    const size_t es = elem_size(dtype);
+    const int64_t B = 1 + in_.u8() % 2, hkv = 1 + in_.u8() % 2, hq = hkv * (1 + in_.u8() % 2);
+    const int64_t d = 8 * (1 + in_.u8() % 2), dv = 8 * (1 + in_.u8() % 2);
+    const int64_t ranks = 1 + in_.u8() % 4;
+    const int64_t rank = in_.u8() % ranks;
+    const bool zigzag = (in_.u8() & 1) != 0;
+    const int64_t n = zigzag ? 2 * (1 + in_.u8() % 12) : 1 + in_.u8() % 24;
+    const bool causal = (in_.u8() & 1) != 0;
+    const bool window = (in_.u8() & 1) != 0;
+    const int32_t left = static_cast<int32_t>(in_.u8() % 11) - 1;  // -1 .. 9
+    const int32_t right = static_cast<int32_t>(in_.u8() % 11) - 1;
+    const bool softcap = (in_.u8() & 1) != 0, sinks = (in_.u8() & 1) != 0;
+    const bool backward = (in_.u8() & 1) != 0;
+    const bool masked = causal || (window && (left >= 0 || right >= 0));
+
+    const auto fill = [&](HostBlock& h, float base) { fill_pattern(h, bf16, base); };
+    const auto value = [&](const HostBlock& h, size_t i) {
+      if (!bf16) {
+        float f;
+        std::memcpy(&f, h.p.get() + i * 4, 4);
+        return f;
+      }
+      uint16_t v;
+      std::memcpy(&v, h.p.get() + i * 2, 2);
+      const uint32_t u = static_cast<uint32_t>(v) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    const auto tensor = block_tensor;
+    // The global token of local row i of any rank (every rank holds the same shard).
+    const auto global_row = [&](int64_t r, int64_t i) {
+      if (!zigzag) return r * n + i;
+      const int64_t half = n / 2;
+      return i < half ? r * half + i : (2 * ranks - 1 - r) * half + (i - half);
+    };
+    // One rank's tensors (its shard) and the sequence's (N = ranks * n tokens).
+    struct Set {
+      HostBlock q, k, v, out, lse, dout, dq, dk, dv, sinks, dsinks;
+      flashattn_tensor_t tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv, tsinks, tdsinks;
+    };
+    const auto make = [&](Set& t, int64_t tokens) {
+      t.q.reset(static_cast<size_t>(B * tokens * hq * d) * es);
+      t.k.reset(static_cast<size_t>(B * tokens * hkv * d) * es);
+      t.v.reset(static_cast<size_t>(B * tokens * hkv * dv) * es);
+      t.out.reset(static_cast<size_t>(B * tokens * hq * dv) * es);
+      t.dout.reset(t.out.n);
+      t.dq.reset(t.q.n);
+      t.dk.reset(t.k.n);
+      t.dv.reset(t.v.n);
+      t.lse.reset(static_cast<size_t>(B * hq * tokens) * 4);
+      t.sinks.reset(static_cast<size_t>(hq) * 4);
+      t.dsinks.reset(t.sinks.n);
+      for (HostBlock* o : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv, &t.dsinks}) std::memset(o->p.get(), 0xa5, o->n);
+      for (int64_t h = 0; h < hq; ++h) {
+        const float sink = 0.3f * static_cast<float>(h) - 0.2f;
+        std::memcpy(t.sinks.p.get() + h * 4, &sink, 4);
+      }
+      t.tq = tensor(t.q, dtype, {B, tokens, hq, d});
+      t.tk = tensor(t.k, dtype, {B, tokens, hkv, d});
+      t.tv = tensor(t.v, dtype, {B, tokens, hkv, dv});
+      t.tout = tensor(t.out, dtype, {B, tokens, hq, dv});
+      t.tdout = tensor(t.dout, dtype, {B, tokens, hq, dv});
+      t.tdq = tensor(t.dq, dtype, {B, tokens, hq, d});
+      t.tdk = tensor(t.dk, dtype, {B, tokens, hkv, d});
+      t.tdv = tensor(t.dv, dtype, {B, tokens, hkv, dv});
+      t.tlse = tensor(t.lse, FLASHATTN_DTYPE_FLOAT32, {B, hq, tokens});
+      t.tsinks = tensor(t.sinks, FLASHATTN_DTYPE_FLOAT32, {hq});
+      t.tdsinks = tensor(t.dsinks, FLASHATTN_DTYPE_FLOAT32, {hq});
+    };
+    Set shard, whole;
+    const int64_t N = ranks * n;
+    make(shard, n);
+    make(whole, N);
+    fill(shard.q, -0.4f);
+    fill(shard.k, -0.3f);
+    fill(shard.v, 0.1f);
+    fill(shard.dout, -0.2f);
+    // The sequence: each global row a copy of the shard row the layout puts there.
+    const auto spread = [&](const HostBlock& from, HostBlock& to, int64_t row_elems) {
+      const size_t row = static_cast<size_t>(row_elems) * es;
+      for (int64_t r = 0; r < ranks; ++r)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(to.p.get() + static_cast<size_t>(b * N + global_row(r, i)) * row,
+                        from.p.get() + static_cast<size_t>(b * n + i) * row, row);
+          }
+    };
+    spread(shard.q, whole.q, hq * d);
+    spread(shard.k, whole.k, hkv * d);
+    spread(shard.v, whole.v, hkv * dv);
+    spread(shard.dout, whole.dout, hq * dv);
+
+    flashattn_options_t o = FLASHATTN_OPTIONS_INIT;
+    o.causal = causal ? 1 : 0;
+    o.window = window ? 1 : 0;
+    o.window_left = window ? left : 0;
+    o.window_right = window ? right : 0;
+    o.softcap = softcap ? 1.5f : 0.0f;
+    const auto args_of = [&](Set& t) {
+      flashattn_args_t a = FLASHATTN_ARGS_INIT;
+      a.options = &o;
+      a.q = &t.tq;
+      a.k = &t.tk;
+      a.v = &t.tv;
+      a.out = &t.tout;
+      a.lse = &t.tlse;
+      a.dout = &t.tdout;
+      a.dq = &t.tdq;
+      a.dk = &t.tdk;
+      a.dv = &t.tdv;
+      if (sinks) {
+        a.sinks = &t.tsinks;
+        a.dsinks = &t.tdsinks;
+      }
+      return a;
+    };
+    const flashattn_args_t a_shard = args_of(shard), a_whole = args_of(whole);
+    flashattn_cp_args_t cp = FLASHATTN_CP_ARGS_INIT;
+    cp.ranks = ranks;
+    cp.rank = rank;
+    cp.layout = zigzag ? FLASHATTN_CP_LAYOUT_ZIGZAG : FLASHATTN_CP_LAYOUT_CONTIGUOUS;
+    cp.exchange = [](void*, const void* send, void* recv, size_t bytes) {
+      std::memcpy(recv, send, bytes);
+      return 0;
+    };
+
+    if (kv_ctx_ == nullptr) {
+      EXPECT(check_status(flashattn_context_create(&kv_ctx_, FLASHATTN_BACKEND_CPU, 0),
+                          "context_create (cp)") == 0, "a CPU context");
+    }
+    EXPECT(check_status(flashattn_cp_forward(kv_ctx_, &cp, &a_shard, nullptr, 0), "cp_forward") == 0,
+           "a valid context-parallel forward succeeds");
+    EXPECT(check_status(flashattn_forward_ex(kv_ctx_, &a_whole, nullptr, 0), "forward_ex (cp)") == 0,
+           "the forward over the sequence succeeds");
+    const float tol = bf16 ? 4e-2f : 2e-4f;
+    const auto rows_match = [&](const HostBlock& got, const HostBlock& want, int64_t row_elems,
+                                const char* what) {
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t x = 0; x < row_elems; ++x) {
+            const float g = value(got, static_cast<size_t>((b * n + i) * row_elems + x));
+            const float w = value(want, static_cast<size_t>((b * N + global_row(rank, i)) * row_elems + x));
+            EXPECT(std::fabs(g - w) <= tol * (1.0f + std::fabs(w)), what);
+          }
+    };
+    rows_match(shard.out, whole.out, hq * dv, "cp out: the rows of one forward over the sequence");
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          float g, w;
+          std::memcpy(&g, shard.lse.p.get() + static_cast<size_t>((b * hq + h) * n + i) * 4, 4);
+          std::memcpy(&w, whole.lse.p.get() + static_cast<size_t>((b * hq + h) * N + global_row(rank, i)) * 4, 4);
+          EXPECT(g == w || std::fabs(g - w) <= 2e-4f * (1.0f + std::fabs(w)), "cp lse");
+        }
+    if (!backward) return;
+    EXPECT(check_status(flashattn_cp_backward(kv_ctx_, &cp, &a_shard, nullptr, 0), "cp_backward") == 0,
+           "a valid context-parallel backward succeeds");
+    for (const HostBlock* g : {&shard.dq, &shard.dk, &shard.dv}) {
+      for (size_t i = 0; i < g->n; i += es) EXPECT(!is_nan(g->p.get() + i, dtype), "NaN in a cp gradient");
+    }
+    if (masked) return;
+    EXPECT(check_status(flashattn_backward_ex(kv_ctx_, &a_whole, nullptr, 0), "backward_ex (cp)") == 0,
+           "the backward over the sequence succeeds");
+    rows_match(shard.dq, whole.dq, hq * d, "cp dq: the rows of one backward over the sequence");
+    rows_match(shard.dk, whole.dk, hkv * d, "cp dk: the rows of one backward over the sequence");
+    rows_match(shard.dv, whole.dv, hkv * dv, "cp dv: the rows of one backward over the sequence");
   }
 
   // ----- contexts -----

@@ -217,6 +217,19 @@ def kv_cache(bf16=0, batch=2, nq=1, hkv=1, group=2, d_sel=0, paged=0, page=16, p
     return b
 
 
+CP_OP = 0xFE  # Harness::kCpOpByte: op_cp, a self-contained context-parallel call
+
+
+def cp(bf16=0, batch=1, hkv=1, group=2, d_sel=0, dv_sel=1, ranks=3, rank=1, zigzag=1, n_sel=3,
+       causal=1, window=0, left=-1, right=-1, softcap=0, sinks=0, backward=1):
+    """op_cp's operands in its read order (sizes as the harness reduces them: pass size - 1;
+    n_sel: the shard holds 2 (n_sel + 1) tokens with zigzag, n_sel + 1 without; window sides
+    -1 .. 9)."""
+    return (u8(CP_OP) + u8(bf16) + u8(batch - 1) + u8(hkv - 1) + u8(group - 1) + u8(d_sel) +
+            u8(dv_sel) + u8(ranks - 1) + u8(rank) + u8(zigzag) + u8(n_sel) + u8(causal) +
+            u8(window) + u8(left + 1) + u8(right + 1) + u8(softcap) + u8(sinks) + u8(backward))
+
+
 def fwd_bwd(**kw):
     return problem(**kw) + call(FORWARD) + call(BACKWARD)
 
@@ -335,6 +348,11 @@ SEEDS = {
                 kv_cache(n_new=3, capacity=10, lens=(8, 1)) + kv_cache(lens=(-7, 2)) +
                 kv_cache(paged=1, page=4, per_seq=2, pages=4, n_new=1, lens=(1, 1),
                          table=(0, 1, 0, 2)),
+    # Context parallelism (op_cp): causal zigzag, unmasked contiguous with sinks and GQA (its
+    # gradients checked), a window, bf16 with softcap, one rank.
+    'cp': cp() + cp(zigzag=0, causal=0, sinks=1, hkv=2, group=2, n_sel=10, ranks=4, rank=3) +
+          cp(window=1, left=4, right=2, causal=0, ranks=2, rank=0) +
+          cp(bf16=1, softcap=1, d_sel=1, dv_sel=0, batch=2) + cp(ranks=1, rank=0, zigzag=0),
     'views_from_scratch': ctx_create() + buf_create(0, 0, 0, u16(8191)) +
                           view_make(0, (1, 4, 2, 8), data=in_buffer(0)) +
                           view_make(1, (1, 4, 1, 8), data=in_buffer(0, 2, u16(2048))) +

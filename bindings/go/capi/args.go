@@ -150,6 +150,25 @@ func Flashattn_merge_args_init(m *MergeArgs) error {
 	return Flashattn_merge_args_init_sized(m, int64(unsafe.Sizeof(MergeArgs{})))
 }
 
+// CpArgs is flashattn_cp_args_t; fill it with Flashattn_cp_args_init. It holds no Go pointer
+// (NcclComm is a C address, an ncclComm_t), so it may live in Go memory. Exchange, a C function
+// pointer, stays 0: no Go function can be one.
+type CpArgs struct {
+	Size         uint64
+	Ranks        int64
+	Rank         int64
+	Layout       int64
+	NcclComm     uintptr
+	Exchange     uintptr
+	ExchangeUser uintptr
+}
+
+// Flashattn_cp_args_init fills cp with the defaults, Size included: C's
+// flashattn_cp_args_init(&cp) macro, flashattn_cp_args_init_sized with the size of CpArgs.
+func Flashattn_cp_args_init(cp *CpArgs) error {
+	return Flashattn_cp_args_init_sized(cp, int64(unsafe.Sizeof(CpArgs{})))
+}
+
 // MergeTensor names a tensor field of MergeArgs.
 type MergeTensor int
 

@@ -9,8 +9,9 @@
  *    holding the status and the library's message. Go has no exceptions, so the shared
  *    %exception has nothing to raise (FLASHATTN_SWIG_RAISE is empty): the status's out typemap
  *    below reads flashattn_last_error() in the same C call, on the thread that made it.
- *  - flashattn_tensor_t, flashattn_options_t, flashattn_args_t and flashattn_merge_args_t are
- *    the Go structs Tensor, Options, Args and MergeArgs of the same layout (types.go, args.go;
+ *  - flashattn_tensor_t, flashattn_options_t, flashattn_args_t, flashattn_merge_args_t and
+ *    flashattn_cp_args_t are the Go structs Tensor, Options, Args, MergeArgs and CpArgs of the
+ *    same layout (types.go, args.go;
  *    capi_test.go checks it), passed by pointer; nil is NULL. An Args or a MergeArgs holds C
  *    addresses and lives in C memory (ArgsBlock, MergeBlock).
  *  - Handles are the types Context and Buffer; void * is uintptr; output parameters are Go
@@ -90,6 +91,8 @@ FLASHATTN_GO_POINTER(flashattn_args_t *, *Args)
 FLASHATTN_GO_POINTER(const flashattn_args_t *, *Args)
 FLASHATTN_GO_POINTER(flashattn_merge_args_t *, *MergeArgs)
 FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
+FLASHATTN_GO_POINTER(const flashattn_cp_args_t *, *CpArgs)
+FLASHATTN_GO_POINTER(flashattn_cp_args_t *, *CpArgs)
 
 /* ---- host memory: byte slices ---- */
 %typemap(gotype) (const void *src, size_t bytes), (void *dst, size_t bytes), (char *buf, size_t len) "[]byte"
@@ -101,6 +104,7 @@ FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
 %ignore flashattn_options;
 %ignore flashattn_args;
 %ignore flashattn_merge_args;
+%ignore flashattn_cp_args;
 
 %include "../../flashattn.i"
 
@@ -146,3 +150,10 @@ FLASHATTN_GO_POINTER(const flashattn_merge_args_t *, *MergeArgs)
 %constant int64_t OffsetofMergeArgsPartsLseStride = offsetof(flashattn_merge_args_t, parts_lse_stride);
 %constant int64_t OffsetofMergeArgsOut = offsetof(flashattn_merge_args_t, out);
 %constant int64_t OffsetofMergeArgsLse = offsetof(flashattn_merge_args_t, lse);
+%constant int64_t SizeofCpArgs = sizeof(flashattn_cp_args_t);
+%constant int64_t OffsetofCpArgsRanks = offsetof(flashattn_cp_args_t, ranks);
+%constant int64_t OffsetofCpArgsRank = offsetof(flashattn_cp_args_t, rank);
+%constant int64_t OffsetofCpArgsLayout = offsetof(flashattn_cp_args_t, layout);
+%constant int64_t OffsetofCpArgsNcclComm = offsetof(flashattn_cp_args_t, nccl_comm);
+%constant int64_t OffsetofCpArgsExchange = offsetof(flashattn_cp_args_t, exchange);
+%constant int64_t OffsetofCpArgsExchangeUser = offsetof(flashattn_cp_args_t, exchange_user);

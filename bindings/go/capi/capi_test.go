@@ -13,6 +13,7 @@ func TestStructLayout(t *testing.T) {
 	var options Options
 	var args Args
 	var merge MergeArgs
+	var cp CpArgs
 	checks := []struct {
 		what      string
 		got, want uintptr
@@ -58,6 +59,13 @@ func TestStructLayout(t *testing.T) {
 		{"offsetof(flashattn_merge_args_t, parts_lse_stride)", unsafe.Offsetof(merge.PartsLseStride), uintptr(OffsetofMergeArgsPartsLseStride)},
 		{"offsetof(flashattn_merge_args_t, out)", unsafe.Offsetof(merge.Out), uintptr(OffsetofMergeArgsOut)},
 		{"offsetof(flashattn_merge_args_t, lse)", unsafe.Offsetof(merge.Lse), uintptr(OffsetofMergeArgsLse)},
+		{"sizeof(flashattn_cp_args_t)", unsafe.Sizeof(cp), uintptr(SizeofCpArgs)},
+		{"offsetof(flashattn_cp_args_t, ranks)", unsafe.Offsetof(cp.Ranks), uintptr(OffsetofCpArgsRanks)},
+		{"offsetof(flashattn_cp_args_t, rank)", unsafe.Offsetof(cp.Rank), uintptr(OffsetofCpArgsRank)},
+		{"offsetof(flashattn_cp_args_t, layout)", unsafe.Offsetof(cp.Layout), uintptr(OffsetofCpArgsLayout)},
+		{"offsetof(flashattn_cp_args_t, nccl_comm)", unsafe.Offsetof(cp.NcclComm), uintptr(OffsetofCpArgsNcclComm)},
+		{"offsetof(flashattn_cp_args_t, exchange)", unsafe.Offsetof(cp.Exchange), uintptr(OffsetofCpArgsExchange)},
+		{"offsetof(flashattn_cp_args_t, exchange_user)", unsafe.Offsetof(cp.ExchangeUser), uintptr(OffsetofCpArgsExchangeUser)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -199,7 +199,7 @@ static void* Swig_malloc(int c) {
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_6fe4f32501309386(void *_swig_go_0) {
+void _wrap_Swig_free_capi_ba42f20286642dff(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -209,7 +209,7 @@ void _wrap_Swig_free_capi_6fe4f32501309386(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_6fe4f32501309386(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_ba42f20286642dff(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -222,7 +222,7 @@ void *_wrap_Swig_malloc_capi_6fe4f32501309386(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_ba42f20286642dff() {
   int result;
   intgo _swig_go_result;
   
@@ -233,7 +233,7 @@ intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_SUCCESS_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_SUCCESS_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -250,7 +250,7 @@ intgo _wrap_FLASHATTN_SUCCESS_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -267,7 +267,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -284,7 +284,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -301,7 +301,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -318,7 +318,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -335,7 +335,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -352,7 +352,7 @@ intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -369,7 +369,7 @@ intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -386,7 +386,7 @@ intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -403,7 +403,7 @@ intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -420,7 +420,7 @@ intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -437,7 +437,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -454,7 +454,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_ba42f20286642dff() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -471,7 +471,7 @@ intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_ba42f20286642dff() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -488,7 +488,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_ba42f20286642dff() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -505,7 +505,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_ba42f20286642dff() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -522,7 +522,7 @@ intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_INT32_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_DTYPE_INT32_capi_ba42f20286642dff() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -539,7 +539,7 @@ intgo _wrap_FLASHATTN_DTYPE_INT32_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_ba42f20286642dff() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -556,7 +556,7 @@ intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CPU_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_BACKEND_CPU_capi_ba42f20286642dff() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -573,7 +573,7 @@ intgo _wrap_FLASHATTN_BACKEND_CPU_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_ba42f20286642dff() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -590,7 +590,7 @@ intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_ba42f20286642dff() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -607,7 +607,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_ba42f20286642dff() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -624,7 +624,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_flashattn_version_number_capi_6fe4f32501309386() {
+intgo _wrap_flashattn_version_number_capi_ba42f20286642dff() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -635,7 +635,7 @@ intgo _wrap_flashattn_version_number_capi_6fe4f32501309386() {
 }
 
 
-_gostring_ _wrap_flashattn_version_string_capi_6fe4f32501309386() {
+_gostring_ _wrap_flashattn_version_string_capi_ba42f20286642dff() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -646,7 +646,7 @@ _gostring_ _wrap_flashattn_version_string_capi_6fe4f32501309386() {
 }
 
 
-intgo _wrap_flashattn_has_cuda_capi_6fe4f32501309386() {
+intgo _wrap_flashattn_has_cuda_capi_ba42f20286642dff() {
   int result;
   intgo _swig_go_result;
   
@@ -657,7 +657,7 @@ intgo _wrap_flashattn_has_cuda_capi_6fe4f32501309386() {
 }
 
 
-_gostring_ _wrap_flashattn_status_string_capi_6fe4f32501309386(intgo _swig_go_0) {
+_gostring_ _wrap_flashattn_status_string_capi_ba42f20286642dff(intgo _swig_go_0) {
   flashattn_status_t arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -670,7 +670,7 @@ _gostring_ _wrap_flashattn_status_string_capi_6fe4f32501309386(intgo _swig_go_0)
 }
 
 
-_gostring_ _wrap_flashattn_last_error_capi_6fe4f32501309386() {
+_gostring_ _wrap_flashattn_last_error_capi_ba42f20286642dff() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -681,7 +681,7 @@ _gostring_ _wrap_flashattn_last_error_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_flashattn_last_error_r_capi_6fe4f32501309386(_goslice_ _swig_go_0) {
+long long _wrap_flashattn_last_error_r_capi_ba42f20286642dff(_goslice_ _swig_go_0) {
   char *arg1 = (char *) 0 ;
   size_t arg2 ;
   size_t result;
@@ -695,7 +695,7 @@ long long _wrap_flashattn_last_error_r_capi_6fe4f32501309386(_goslice_ _swig_go_
 }
 
 
-_gostring_ _wrap_flashattn_cuda_device_count_capi_6fe4f32501309386(int *_swig_go_0) {
+_gostring_ _wrap_flashattn_cuda_device_count_capi_ba42f20286642dff(int *_swig_go_0) {
   int *arg1 = (int *) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -722,7 +722,7 @@ _gostring_ _wrap_flashattn_cuda_device_count_capi_6fe4f32501309386(int *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_context_create_capi_6fe4f32501309386(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
+_gostring_ _wrap_flashattn_context_create_capi_ba42f20286642dff(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
   flashattn_context_t *arg1 = (flashattn_context_t *) 0 ;
   flashattn_backend_t arg2 ;
   int arg3 ;
@@ -753,7 +753,7 @@ _gostring_ _wrap_flashattn_context_create_capi_6fe4f32501309386(flashattn_contex
 }
 
 
-_gostring_ _wrap_flashattn_context_destroy_capi_6fe4f32501309386(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_destroy_capi_ba42f20286642dff(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -780,7 +780,7 @@ _gostring_ _wrap_flashattn_context_destroy_capi_6fe4f32501309386(flashattn_conte
 }
 
 
-_gostring_ _wrap_flashattn_context_get_backend_capi_6fe4f32501309386(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_backend_capi_ba42f20286642dff(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
   flashattn_backend_t *arg1 = (flashattn_backend_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -809,7 +809,7 @@ _gostring_ _wrap_flashattn_context_get_backend_capi_6fe4f32501309386(flashattn_b
 }
 
 
-_gostring_ _wrap_flashattn_context_get_device_capi_6fe4f32501309386(int *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_device_capi_ba42f20286642dff(int *_swig_go_0, flashattn_context_t _swig_go_1) {
   int *arg1 = (int *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -838,7 +838,7 @@ _gostring_ _wrap_flashattn_context_get_device_capi_6fe4f32501309386(int *_swig_g
 }
 
 
-_gostring_ _wrap_flashattn_context_set_stream_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, void *_swig_go_1) {
+_gostring_ _wrap_flashattn_context_set_stream_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, void *_swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_status_t result;
@@ -867,7 +867,7 @@ _gostring_ _wrap_flashattn_context_set_stream_capi_6fe4f32501309386(flashattn_co
 }
 
 
-_gostring_ _wrap_flashattn_context_get_stream_capi_6fe4f32501309386(void **_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_stream_capi_ba42f20286642dff(void **_swig_go_0, flashattn_context_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -896,7 +896,7 @@ _gostring_ _wrap_flashattn_context_get_stream_capi_6fe4f32501309386(void **_swig
 }
 
 
-_gostring_ _wrap_flashattn_context_set_num_threads_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
+_gostring_ _wrap_flashattn_context_set_num_threads_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   int arg2 ;
   flashattn_status_t result;
@@ -925,7 +925,7 @@ _gostring_ _wrap_flashattn_context_set_num_threads_capi_6fe4f32501309386(flashat
 }
 
 
-_gostring_ _wrap_flashattn_context_synchronize_capi_6fe4f32501309386(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_synchronize_capi_ba42f20286642dff(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -952,7 +952,7 @@ _gostring_ _wrap_flashattn_context_synchronize_capi_6fe4f32501309386(flashattn_c
 }
 
 
-_gostring_ _wrap_flashattn_buffer_create_capi_6fe4f32501309386(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_create_capi_ba42f20286642dff(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
   flashattn_buffer_t *arg1 = (flashattn_buffer_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   size_t arg3 ;
@@ -983,7 +983,7 @@ _gostring_ _wrap_flashattn_buffer_create_capi_6fe4f32501309386(flashattn_buffer_
 }
 
 
-_gostring_ _wrap_flashattn_buffer_destroy_capi_6fe4f32501309386(flashattn_buffer_t _swig_go_0) {
+_gostring_ _wrap_flashattn_buffer_destroy_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -1010,7 +1010,7 @@ _gostring_ _wrap_flashattn_buffer_destroy_capi_6fe4f32501309386(flashattn_buffer
 }
 
 
-_gostring_ _wrap_flashattn_buffer_write_capi_6fe4f32501309386(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_write_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1042,7 +1042,7 @@ _gostring_ _wrap_flashattn_buffer_write_capi_6fe4f32501309386(flashattn_buffer_t
 }
 
 
-_gostring_ _wrap_flashattn_buffer_read_capi_6fe4f32501309386(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_read_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1074,7 +1074,7 @@ _gostring_ _wrap_flashattn_buffer_read_capi_6fe4f32501309386(flashattn_buffer_t 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_data_capi_6fe4f32501309386(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_data_capi_ba42f20286642dff(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1103,7 +1103,7 @@ _gostring_ _wrap_flashattn_buffer_data_capi_6fe4f32501309386(void **_swig_go_0, 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_size_capi_6fe4f32501309386(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1132,7 +1132,7 @@ _gostring_ _wrap_flashattn_buffer_size_capi_6fe4f32501309386(size_t *_swig_go_0,
 }
 
 
-_gostring_ _wrap_flashattn_tensor_4d_capi_6fe4f32501309386(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+_gostring_ _wrap_flashattn_tensor_4d_capi_ba42f20286642dff(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_dtype_t arg3 ;
@@ -1171,7 +1171,7 @@ _gostring_ _wrap_flashattn_tensor_4d_capi_6fe4f32501309386(flashattn_tensor_t *_
 }
 
 
-_gostring_ _wrap_flashattn_tensor_lse_capi_6fe4f32501309386(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
+_gostring_ _wrap_flashattn_tensor_lse_capi_ba42f20286642dff(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   int64_t arg3 ;
@@ -1206,7 +1206,7 @@ _gostring_ _wrap_flashattn_tensor_lse_capi_6fe4f32501309386(flashattn_tensor_t *
 }
 
 
-_gostring_ _wrap_flashattn_options_init_sized_capi_6fe4f32501309386(flashattn_options_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_options_init_sized_capi_ba42f20286642dff(flashattn_options_t *_swig_go_0, long long _swig_go_1) {
   flashattn_options_t *arg1 = (flashattn_options_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1235,7 +1235,7 @@ _gostring_ _wrap_flashattn_options_init_sized_capi_6fe4f32501309386(flashattn_op
 }
 
 
-_gostring_ _wrap_flashattn_supported_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
+_gostring_ _wrap_flashattn_supported_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1272,7 +1272,7 @@ _gostring_ _wrap_flashattn_supported_capi_6fe4f32501309386(flashattn_context_t _
 }
 
 
-_gostring_ _wrap_flashattn_workspace_size_capi_6fe4f32501309386(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
+_gostring_ _wrap_flashattn_workspace_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1311,7 +1311,7 @@ _gostring_ _wrap_flashattn_workspace_size_capi_6fe4f32501309386(size_t *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_forward_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
+_gostring_ _wrap_flashattn_forward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1354,7 +1354,7 @@ _gostring_ _wrap_flashattn_forward_capi_6fe4f32501309386(flashattn_context_t _sw
 }
 
 
-_gostring_ _wrap_flashattn_backward_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
+_gostring_ _wrap_flashattn_backward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1405,7 +1405,7 @@ _gostring_ _wrap_flashattn_backward_capi_6fe4f32501309386(flashattn_context_t _s
 }
 
 
-_gostring_ _wrap_flashattn_args_init_sized_capi_6fe4f32501309386(flashattn_args_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_args_init_sized_capi_ba42f20286642dff(flashattn_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_args_t *arg1 = (flashattn_args_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1434,7 +1434,7 @@ _gostring_ _wrap_flashattn_args_init_sized_capi_6fe4f32501309386(flashattn_args_
 }
 
 
-_gostring_ _wrap_flashattn_supported_ex_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, intgo _swig_go_2) {
+_gostring_ _wrap_flashattn_supported_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, intgo _swig_go_2) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   int arg3 ;
@@ -1465,7 +1465,7 @@ _gostring_ _wrap_flashattn_supported_ex_capi_6fe4f32501309386(flashattn_context_
 }
 
 
-_gostring_ _wrap_flashattn_workspace_size_ex_capi_6fe4f32501309386(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_args_t *_swig_go_2, intgo _swig_go_3) {
+_gostring_ _wrap_flashattn_workspace_size_ex_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_args_t *_swig_go_2, intgo _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
@@ -1498,7 +1498,7 @@ _gostring_ _wrap_flashattn_workspace_size_ex_capi_6fe4f32501309386(size_t *_swig
 }
 
 
-_gostring_ _wrap_flashattn_forward_ex_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+_gostring_ _wrap_flashattn_forward_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1531,7 +1531,7 @@ _gostring_ _wrap_flashattn_forward_ex_capi_6fe4f32501309386(flashattn_context_t 
 }
 
 
-_gostring_ _wrap_flashattn_backward_ex_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+_gostring_ _wrap_flashattn_backward_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1564,7 +1564,7 @@ _gostring_ _wrap_flashattn_backward_ex_capi_6fe4f32501309386(flashattn_context_t
 }
 
 
-_gostring_ _wrap_flashattn_merge_args_init_sized_capi_6fe4f32501309386(flashattn_merge_args_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_merge_args_init_sized_capi_ba42f20286642dff(flashattn_merge_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_merge_args_t *arg1 = (flashattn_merge_args_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1593,7 +1593,7 @@ _gostring_ _wrap_flashattn_merge_args_init_sized_capi_6fe4f32501309386(flashattn
 }
 
 
-_gostring_ _wrap_flashattn_merge_capi_6fe4f32501309386(flashattn_context_t _swig_go_0, flashattn_merge_args_t *_swig_go_1) {
+_gostring_ _wrap_flashattn_merge_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_merge_args_t *_swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_merge_args_t *arg2 = (flashattn_merge_args_t *) 0 ;
   flashattn_status_t result;
@@ -1622,7 +1622,175 @@ _gostring_ _wrap_flashattn_merge_capi_6fe4f32501309386(flashattn_context_t _swig
 }
 
 
-long long _wrap_SizeofTensor_capi_6fe4f32501309386() {
+intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_ba42f20286642dff() {
+  enum flashattn_cp_layout result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CP_LAYOUT_CONTIGUOUS;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_ba42f20286642dff() {
+  enum flashattn_cp_layout result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CP_LAYOUT_ZIGZAG;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_cp_args_init_sized_capi_ba42f20286642dff(flashattn_cp_args_t *_swig_go_0, long long _swig_go_1) {
+  flashattn_cp_args_t *arg1 = (flashattn_cp_args_t *) 0 ;
+  size_t arg2 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_cp_args_t *)_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  {
+    result = (flashattn_status_t)flashattn_cp_args_init_sized(arg1,arg2);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_cp_workspace_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_cp_args_t *_swig_go_2, flashattn_args_t *_swig_go_3, intgo _swig_go_4) {
+  size_t *arg1 = (size_t *) 0 ;
+  flashattn_context_t arg2 = (flashattn_context_t) 0 ;
+  flashattn_cp_args_t *arg3 = (flashattn_cp_args_t *) 0 ;
+  flashattn_args_t *arg4 = (flashattn_args_t *) 0 ;
+  int arg5 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (size_t *)_swig_go_0; 
+  arg2 = (flashattn_context_t)_swig_go_1; 
+  arg3 = (flashattn_cp_args_t *)_swig_go_2; 
+  arg4 = (flashattn_args_t *)_swig_go_3; 
+  arg5 = (int)_swig_go_4; 
+  
+  {
+    result = (flashattn_status_t)flashattn_cp_workspace_size(arg1,arg2,(struct flashattn_cp_args const *)arg3,(struct flashattn_args const *)arg4,arg5);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_cp_forward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
+  flashattn_context_t arg1 = (flashattn_context_t) 0 ;
+  flashattn_cp_args_t *arg2 = (flashattn_cp_args_t *) 0 ;
+  flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
+  void *arg4 = (void *) 0 ;
+  size_t arg5 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_context_t)_swig_go_0; 
+  arg2 = (flashattn_cp_args_t *)_swig_go_1; 
+  arg3 = (flashattn_args_t *)_swig_go_2; 
+  arg4 = *(void **)&_swig_go_3; 
+  arg5 = (size_t)_swig_go_4; 
+  
+  {
+    result = (flashattn_status_t)flashattn_cp_forward(arg1,(struct flashattn_cp_args const *)arg2,(struct flashattn_args const *)arg3,arg4,arg5);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_cp_backward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
+  flashattn_context_t arg1 = (flashattn_context_t) 0 ;
+  flashattn_cp_args_t *arg2 = (flashattn_cp_args_t *) 0 ;
+  flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
+  void *arg4 = (void *) 0 ;
+  size_t arg5 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_context_t)_swig_go_0; 
+  arg2 = (flashattn_cp_args_t *)_swig_go_1; 
+  arg3 = (flashattn_args_t *)_swig_go_2; 
+  arg4 = *(void **)&_swig_go_3; 
+  arg5 = (size_t)_swig_go_4; 
+  
+  {
+    result = (flashattn_status_t)flashattn_cp_backward(arg1,(struct flashattn_cp_args const *)arg2,(struct flashattn_args const *)arg3,arg4,arg5);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+long long _wrap_SizeofTensor_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1633,7 +1801,7 @@ long long _wrap_SizeofTensor_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofTensorDtype_capi_6fe4f32501309386() {
+long long _wrap_OffsetofTensorDtype_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1644,7 +1812,7 @@ long long _wrap_OffsetofTensorDtype_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofTensorRank_capi_6fe4f32501309386() {
+long long _wrap_OffsetofTensorRank_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1655,7 +1823,7 @@ long long _wrap_OffsetofTensorRank_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofTensorShape_capi_6fe4f32501309386() {
+long long _wrap_OffsetofTensorShape_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1666,7 +1834,7 @@ long long _wrap_OffsetofTensorShape_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofTensorStrides_capi_6fe4f32501309386() {
+long long _wrap_OffsetofTensorStrides_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1677,7 +1845,7 @@ long long _wrap_OffsetofTensorStrides_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_SizeofOptions_capi_6fe4f32501309386() {
+long long _wrap_SizeofOptions_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1688,7 +1856,7 @@ long long _wrap_SizeofOptions_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsSoftmaxScale_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsSoftmaxScale_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1699,7 +1867,7 @@ long long _wrap_OffsetofOptionsSoftmaxScale_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsCausal_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsCausal_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1710,7 +1878,7 @@ long long _wrap_OffsetofOptionsCausal_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsAlgorithm_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsAlgorithm_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1721,7 +1889,7 @@ long long _wrap_OffsetofOptionsAlgorithm_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsDeterministic_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsDeterministic_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1732,7 +1900,7 @@ long long _wrap_OffsetofOptionsDeterministic_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsWindow_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsWindow_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1743,7 +1911,7 @@ long long _wrap_OffsetofOptionsWindow_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsWindowLeft_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsWindowLeft_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1754,7 +1922,7 @@ long long _wrap_OffsetofOptionsWindowLeft_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsWindowRight_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsWindowRight_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1765,7 +1933,7 @@ long long _wrap_OffsetofOptionsWindowRight_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsSoftcap_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsSoftcap_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1776,7 +1944,7 @@ long long _wrap_OffsetofOptionsSoftcap_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofOptionsNumSplits_capi_6fe4f32501309386() {
+long long _wrap_OffsetofOptionsNumSplits_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1787,7 +1955,7 @@ long long _wrap_OffsetofOptionsNumSplits_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_SizeofArgs_capi_6fe4f32501309386() {
+long long _wrap_SizeofArgs_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1798,7 +1966,7 @@ long long _wrap_SizeofArgs_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsOptions_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsOptions_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1809,7 +1977,7 @@ long long _wrap_OffsetofArgsOptions_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsQ_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsQ_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1820,7 +1988,7 @@ long long _wrap_OffsetofArgsQ_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsDv_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsDv_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1831,7 +1999,7 @@ long long _wrap_OffsetofArgsDv_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsAlibiSlopes_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsAlibiSlopes_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1842,7 +2010,7 @@ long long _wrap_OffsetofArgsAlibiSlopes_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsSinks_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsSinks_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1853,7 +2021,7 @@ long long _wrap_OffsetofArgsSinks_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsDsinks_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsDsinks_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1864,7 +2032,7 @@ long long _wrap_OffsetofArgsDsinks_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsCuSeqlensQ_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsCuSeqlensQ_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1875,7 +2043,7 @@ long long _wrap_OffsetofArgsCuSeqlensQ_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsCuSeqlensK_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsCuSeqlensK_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1886,7 +2054,7 @@ long long _wrap_OffsetofArgsCuSeqlensK_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsMaxSeqlenQ_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsMaxSeqlenQ_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1897,7 +2065,7 @@ long long _wrap_OffsetofArgsMaxSeqlenQ_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsMaxSeqlenK_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsMaxSeqlenK_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1908,7 +2076,7 @@ long long _wrap_OffsetofArgsMaxSeqlenK_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsCacheSeqlens_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsCacheSeqlens_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1919,7 +2087,7 @@ long long _wrap_OffsetofArgsCacheSeqlens_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsBlockTable_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsBlockTable_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1930,7 +2098,7 @@ long long _wrap_OffsetofArgsBlockTable_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsKNew_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsKNew_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1941,7 +2109,7 @@ long long _wrap_OffsetofArgsKNew_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsVNew_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsVNew_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1952,7 +2120,7 @@ long long _wrap_OffsetofArgsVNew_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsRotaryCos_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsRotaryCos_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1963,7 +2131,7 @@ long long _wrap_OffsetofArgsRotaryCos_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsRotarySin_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsRotarySin_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1974,7 +2142,7 @@ long long _wrap_OffsetofArgsRotarySin_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofArgsRotaryInterleaved_capi_6fe4f32501309386() {
+long long _wrap_OffsetofArgsRotaryInterleaved_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1985,7 +2153,7 @@ long long _wrap_OffsetofArgsRotaryInterleaved_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_SizeofMergeArgs_capi_6fe4f32501309386() {
+long long _wrap_SizeofMergeArgs_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1996,7 +2164,7 @@ long long _wrap_SizeofMergeArgs_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsNumParts_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsNumParts_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2007,7 +2175,7 @@ long long _wrap_OffsetofMergeArgsNumParts_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsOut_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsPartsOut_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2018,7 +2186,7 @@ long long _wrap_OffsetofMergeArgsPartsOut_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsOutStride_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsPartsOutStride_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2029,7 +2197,7 @@ long long _wrap_OffsetofMergeArgsPartsOutStride_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsLse_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsPartsLse_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2040,7 +2208,7 @@ long long _wrap_OffsetofMergeArgsPartsLse_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsLseStride_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsPartsLseStride_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2051,7 +2219,7 @@ long long _wrap_OffsetofMergeArgsPartsLseStride_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsOut_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsOut_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2062,12 +2230,89 @@ long long _wrap_OffsetofMergeArgsOut_capi_6fe4f32501309386() {
 }
 
 
-long long _wrap_OffsetofMergeArgsLse_capi_6fe4f32501309386() {
+long long _wrap_OffsetofMergeArgsLse_capi_ba42f20286642dff() {
   int64_t result;
   long long _swig_go_result;
   
   
   result = (int64_t)(offsetof(flashattn_merge_args_t, lse));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_SizeofCpArgs_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(sizeof(flashattn_cp_args_t));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsRanks_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, ranks));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsRank_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, rank));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsLayout_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, layout));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsNcclComm_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, nccl_comm));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsExchange_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, exchange));
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+long long _wrap_OffsetofCpArgsExchangeUser_capi_ba42f20286642dff() {
+  int64_t result;
+  long long _swig_go_result;
+  
+  
+  result = (int64_t)(offsetof(flashattn_cp_args_t, exchange_user));
   _swig_go_result = result; 
   return _swig_go_result;
 }

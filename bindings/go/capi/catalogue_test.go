@@ -29,7 +29,8 @@ type catalogueCase struct {
 var catalogueOutputs = map[string][]string{
 	"forward": {"out", "lse"}, "backward": {"dq", "dk", "dv"}, "supported": {}, "workspace_size": {},
 	"forward_ex": {"out", "lse"}, "backward_ex": {"dq", "dk", "dv", "dsinks"}, "supported_ex": {},
-	"workspace_size_ex": {}, "merge": {"out", "lse"},
+	"workspace_size_ex": {}, "merge": {"out", "lse"}, "cp_forward": {"out", "lse"},
+	"cp_backward": {"dq", "dk", "dv", "dsinks"}, "cp_workspace_size": {},
 }
 
 // The merge's parts (FORMAT.md): three parts of out's and lse's shapes, part 0's views over
@@ -143,12 +144,18 @@ type call struct {
 	args          *ArgsBlock
 	merge         *MergeBlock
 	passArgs      bool
+	cp            *CpArgs // an allocation of its own: cgo refuses memory that holds Go pointers
+	passCp        bool
+	commStandIn   [8]byte // what cp.nccl_comm=set points at: no communicator
 }
+
+// takesArgs: the _ex ops and the cp ops take the args struct (and its tensors' buffers).
+func takesArgs(op string) bool { return strings.HasSuffix(op, "_ex") || strings.HasPrefix(op, "cp_") }
 
 func newCall(op string) (*call, error) {
 	c := &call{op: op, buffers: map[string]Buffer{}, contents: map[string][]byte{},
 		views: map[string]*Tensor{}, passed: map[string]*Tensor{}, ends: map[string]uintptr{},
-		passOptions: true, passArgs: true}
+		passOptions: true, passArgs: true, passCp: true}
 	// Output parameters are locals: cgo refuses a pointer into memory that holds Go pointers.
 	var ctx Context
 	if err := Flashattn_context_create(&ctx, Backend(FLASHATTN_BACKEND_CPU), 0); err != nil {
@@ -161,7 +168,7 @@ func newCall(op string) (*call, error) {
 	}
 	// The variant tensors' buffers exist for the _ex ops only (FORMAT.md).
 	c.names = append([]string{}, catalogueNames...)
-	if strings.HasSuffix(op, "_ex") { // the cache tensors' after the variant tensors'
+	if takesArgs(op) { // the cache tensors' after the variant tensors'
 		c.names = append(c.names, variantNames...)
 		c.names = append(c.names, cacheNames...)
 	}
@@ -265,6 +272,13 @@ func newCall(op string) (*call, error) {
 		return c, err
 	}
 	c.optionsSizeof = c.options.Size
+	c.cp = new(CpArgs)
+	if err := Flashattn_cp_args_init(c.cp); err != nil {
+		return c, err
+	}
+	if strings.HasPrefix(op, "cp_") {
+		c.makeSelfAttention()
+	}
 	return c, nil
 }
 
@@ -309,6 +323,25 @@ func (c *call) mutate(m string) error {
 		c.callCtx = stale
 	case key == "options" && value == "null":
 		c.passOptions = false
+	case key == "cp" && value == "null":
+		c.passCp = false
+	case key == "cp.nccl_comm" && value == "set":
+		c.cp.NcclComm = uintptr(unsafe.Pointer(&c.commStandIn[0]))
+	case key == "cp.size" || key == "cp.ranks" || key == "cp.rank" || key == "cp.layout":
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "cp.size":
+			c.cp.Size = uint64(v)
+		case "cp.ranks":
+			c.cp.Ranks = v
+		case "cp.rank":
+			c.cp.Rank = v
+		default:
+			c.cp.Layout = v
+		}
 	case strings.HasPrefix(key, "options."):
 		return c.mutateOptions(strings.TrimPrefix(key, "options."), value)
 	case key == "workspace":
@@ -504,6 +537,17 @@ func (c *call) makeVarlen() {
 	c.args.Args().MaxSeqlenQ, c.args.Args().MaxSeqlenK = cNQ, cNK
 }
 
+// makeSelfAttention is the cp ops' baseline (FORMAT.md): q, out, dout and dq hold as many
+// tokens as k, over the start of their buffers.
+func (c *call) makeSelfAttention() {
+	for _, name := range []string{"q", "out", "dout", "dq"} {
+		t := c.views[name]
+		t.Shape[1], t.Strides[0] = cNK, cNK*cHQ*cD
+	}
+	lse := c.views["lse"]
+	lse.Shape[2], lse.Strides[0], lse.Strides[1] = cNK, cHQ*cNK, cNK
+}
+
 // makeCache turns the baseline into its KV cache form (FORMAT.md): four query tokens over the
 // start of q's and out's buffers against the contiguous cache that k and v are.
 func (c *call) makeCache() {
@@ -613,6 +657,14 @@ func (c *call) exArgs() *Args {
 	return a
 }
 
+// cpArgs is the call's cp struct, or nil after cp=null.
+func (c *call) cpArgs() *CpArgs {
+	if !c.passCp {
+		return nil
+	}
+	return c.cp
+}
+
 // mergeArgs points the call's MergeBlock at its views, as the merge op takes them.
 func (c *call) mergeArgs() *MergeArgs {
 	if !c.passArgs {
@@ -633,6 +685,14 @@ func (c *call) run() (error, bool) {
 	switch c.op {
 	case "merge":
 		return Flashattn_merge(c.callCtx, c.mergeArgs()), true
+	case "cp_forward":
+		return Flashattn_cp_forward(c.callCtx, c.cpArgs(), c.exArgs(), c.workspace, c.workspaceSize), true
+	case "cp_backward":
+		return Flashattn_cp_backward(c.callCtx, c.cpArgs(), c.exArgs(), c.workspace, c.workspaceSize), true
+	case "cp_workspace_size":
+		size := sizeSentinel
+		err := Flashattn_cp_workspace_size(&size, c.callCtx, c.cpArgs(), c.exArgs(), c.backwardFlag)
+		return err, size == sizeSentinel
 	case "forward_ex":
 		return Flashattn_forward_ex(c.callCtx, c.exArgs(), c.workspace, c.workspaceSize), true
 	case "backward_ex":
@@ -697,13 +757,16 @@ func TestCatalogueBaselinesSucceed(t *testing.T) {
 			"alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4"}
 	mergeVariants := []string{"-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse",
 		"args.parts_out_stride=0;args.parts_lse_stride=0"}
+	cpVariants := []string{"-", "cp.layout=1", "sinks=given;dsinks=given"}
 	for op := range catalogueOutputs {
 		lines := variants
 		if op == "merge" {
 			lines = mergeVariants
+		} else if strings.HasPrefix(op, "cp_") {
+			lines = cpVariants
 		}
 		for _, mutations := range lines {
-			if mutations != "-" && !strings.HasSuffix(op, "_ex") && op != "merge" {
+			if mutations != "-" && !takesArgs(op) && op != "merge" {
 				continue
 			}
 			for _, backward := range []int{0, 1} {

@@ -55,7 +55,8 @@ NEW_ROWS_VALUE = 0.25
 OUTPUTS = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv"), "supported": (),
            "workspace_size": (), "forward_ex": ("out", "lse"),
            "backward_ex": ("dq", "dk", "dv", "dsinks"), "supported_ex": (),
-           "workspace_size_ex": (), "merge": ("out", "lse")}
+           "workspace_size_ex": (), "merge": ("out", "lse"), "cp_forward": ("out", "lse"),
+           "cp_backward": ("dq", "dk", "dv", "dsinks"), "cp_workspace_size": ()}
 # The merge's parts (FORMAT.md): three parts of out's and lse's shapes in buffers of their own,
 # part 0's view; name -> (shape of part 0, buffer bytes).
 PARTS = 3
@@ -121,7 +122,8 @@ class Call:
         self.ends = {}
         # The variant tensors' buffers, then the KV cache's, exist for the _ex ops only
         # (FORMAT.md).
-        variant_names = list(VARIANT_TENSORS) + list(KV_TENSORS) if op.endswith("_ex") else []
+        variant_names = (list(VARIANT_TENSORS) + list(KV_TENSORS)
+                         if op.endswith("_ex") or op.startswith("cp_") else [])
         # And the merge's parts for the merge only, after the nine.
         parts_names = list(MERGE_TENSORS) if op == "merge" else []
         for name in list(SHAPES) + variant_names + parts_names:
@@ -180,6 +182,12 @@ class Call:
         self.merge_args.parts_out_stride = B * NQ * HQ * D
         self.merge_args.parts_lse_stride = B * HQ * NQ
         self.pass_args = True
+        self.cp = low.flashattn_cp_args_t()
+        low.flashattn_cp_args_init(self.cp)
+        self.pass_cp = True
+        self.comm_stand_in = np.zeros(8, dtype=np.uint8)  # cp.nccl_comm=set: no communicator
+        if op.startswith("cp_"):
+            self._make_self_attention()
         # The options sit at the start of a zero-filled block, so sizes up to 4096 read zeros.
         self.options_block = np.zeros(OPTIONS_BLOCK, dtype=np.uint8)
         self.options = low.options_at(self.options_block.ctypes.data)
@@ -214,6 +222,14 @@ class Call:
             self.backward_flag = int(value)
         elif key == "args" and value == "null":
             self.pass_args = False
+        elif key == "cp" and value == "null":
+            self.pass_cp = False
+        elif key == "cp.size":
+            self.cp.size = int(value) & ((1 << 64) - 1)
+        elif key in ("cp.ranks", "cp.rank", "cp.layout"):
+            setattr(self.cp, key[len("cp."):], int(value))
+        elif key == "cp.nccl_comm" and value == "set":
+            self.cp.nccl_comm = self.comm_stand_in.ctypes.data
         elif key == "args.size":
             struct = self.merge_args if self.op == "merge" else self.args
             struct.size = int(value) & ((1 << 64) - 1)
@@ -308,6 +324,13 @@ class Call:
                 self.passed[name] = self.views[name]
         self.args.max_seqlen_q, self.args.max_seqlen_k = NQ, NK
 
+    def _make_self_attention(self):
+        """The cp ops' baseline (FORMAT.md): q, out, dout and dq hold NK tokens, like k, over the
+        start of their buffers; lse [B, HQ, NK]."""
+        for name in ("q", "out", "dout", "dq"):
+            self._set_dims(name, {1: NK}, {0: NK * HQ * D})
+        self._set_dims("lse", {2: NK}, {0: HQ * NK, 1: NK})
+
     def _make_cache(self):
         """The KV cache form of the baseline (FORMAT.md): four query rows per sequence,
         contiguous over the start of q's and out's buffers (and lse [B, HQ, 4]); k and v, as they
@@ -344,6 +367,9 @@ class Call:
             setattr(self.args, name, self.passed.get(name))
         return self.args
 
+    def _cp(self):
+        return self.cp if self.pass_cp else None
+
     def _merge_args(self):
         if not self.pass_args:
             return None
@@ -365,6 +391,15 @@ class Call:
             low.flashattn_supported_ex(self.call_ctx, self._args(), self.backward_flag)
         elif self.op == "workspace_size_ex":
             low.flashattn_workspace_size_ex(self.call_ctx, self._args(), self.backward_flag)
+        elif self.op == "cp_forward":
+            low.flashattn_cp_forward(self.call_ctx, self._cp(), self._args(), self.workspace,
+                                     self.workspace_size)
+        elif self.op == "cp_backward":
+            low.flashattn_cp_backward(self.call_ctx, self._cp(), self._args(), self.workspace,
+                                      self.workspace_size)
+        elif self.op == "cp_workspace_size":
+            low.flashattn_cp_workspace_size(self.call_ctx, self._cp(), self._args(),
+                                            self.backward_flag)
         elif self.op == "forward":
             low.flashattn_forward(self.call_ctx, p["q"], p["k"], p["v"], p["out"], p["lse"], opts,
                                   self.workspace, self.workspace_size)
@@ -401,7 +436,9 @@ BASELINES = [(op, "-") for op in OUTPUTS] + [
               "varlen=1;sinks=given;dsinks=given;alibi_slopes=given;alibi_slopes.rank=2;"
               "alibi_slopes.shape[0]=2;alibi_slopes.shape[1]=4;alibi_slopes.strides[0]=4")] + [
     ("merge", m) for m in ("lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse",
-                           "args.parts_out_stride=0;args.parts_lse_stride=0")]
+                           "args.parts_out_stride=0;args.parts_lse_stride=0")] + [
+    (op, m) for op in OUTPUTS if op.startswith("cp_")
+    for m in ("cp.layout=1", "sinks=given;dsinks=given")]
 
 
 @pytest.mark.parametrize("op,mutations", BASELINES)

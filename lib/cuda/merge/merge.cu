@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <math_constants.h>
 
+#include "cuda/common/convert.cuh"
+
 namespace flashattn {
 namespace cuda {
 namespace {
@@ -31,19 +33,6 @@ struct MergeParams {
   int64_t dst_lse_batch_stride, dst_lse_head_stride, dst_lse_seq_stride;
   int64_t parts, seqlen, heads, head_dim, rows;
   int group;  // lanes per row: a power of two dividing the warp
-};
-
-template <class T>
-struct Convert;
-template <>
-struct Convert<__half> {
-  static __device__ float load(__half x) { return __half2float(x); }
-  static __device__ __half store(float x) { return __float2half_rn(x); }
-};
-template <>
-struct Convert<__nv_bfloat16> {
-  static __device__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
 
 // max that keeps a NaN (fmaxf would drop it): a NaN LSE makes the row NaN.
@@ -118,13 +107,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) merge_kernel(MergeParams p) 
             const Pack<T, V> x =
                 *reinterpret_cast<const Pack<T, V>*>(src_row + q * p.out_part_stride + d);
 #pragma unroll
-            for (int i = 0; i < V; ++i) acc[i] += w * Convert<T>::load(x.v[i]);
+            for (int i = 0; i < V; ++i) acc[i] += w * to_float(x.v[i]);
           }
 #pragma unroll
-          for (int i = 0; i < V; ++i) result.v[i] = Convert<T>::store(acc[i] * inv_sum);
+          for (int i = 0; i < V; ++i) result.v[i] = from_float<T>(acc[i] * inv_sum);
         } else {
 #pragma unroll
-          for (int i = 0; i < V; ++i) result.v[i] = Convert<T>::store(fill);
+          for (int i = 0; i < V; ++i) result.v[i] = from_float<T>(fill);
         }
         *reinterpret_cast<Pack<T, V>*>(dst_row + d) = result;
       }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/common/convert.cuh"
 #include "cuda/standard/row_policies.cuh"
 
 namespace flashattn {
@@ -23,24 +24,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Enough blocks to fill any current GPU many times over; loops cover the rest.
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;
-
-template <class T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // Block-wide reductions over kThreads threads; `scratch` holds kWarps values. Every thread gets
 // the result. The leading barrier lets a loop reuse `scratch` safely.

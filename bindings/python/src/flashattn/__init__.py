@@ -12,7 +12,9 @@ Layout: q [batch, seqlen_q, heads_q, head_dim], k and v [batch, seqlen_k, heads_
 slopes, attention sinks, and variable-length batches (cu_seqlens_q / cu_seqlens_k, packed
 [total_tokens, heads, head_dim] tensors); see attention(). attention_with_kvcache() attends over a
 KV cache, contiguous or paged, appending new rows into it in place and applying a rotary
-embedding (forward only). dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
+embedding (forward only). ring_attention() is context parallelism: this rank's part of attention
+over a sequence sharded across a ring of ranks (flashattn.Ring, e.g. from a torch.distributed
+process group). dtypes: float32 (CPU), float16, bfloat16 (torch, or numpy with
 ml_dtypes). Inputs are read in place (no copy); outputs are new arrays of the inputs' kind, on
 their device. On the GPU the work is ordered on the inputs' library's current stream. The GIL is
 released while the library computes. A failing call raises flashattn.Error, whose message is the
@@ -24,11 +26,13 @@ import sys
 
 from . import _core
 from ._lib import Context, Error, low
+from ._ring import Ring
 
 flashattn_swig = low
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "merge", "Context",
-           "Error", "cuda_device_count", "has_cuda", "version", "flashattn_swig"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "merge", "Ring",
+           "ring_attention", "ring_attention_backward", "Context", "Error", "cuda_device_count",
+           "has_cuda", "version", "flashattn_swig"]
 
 
 def version():
@@ -186,3 +190,40 @@ def merge(parts_out, parts_lse, *, out=None, lse=None, return_lse=False, context
     out, lse = _core.merge(parts_out, parts_lse, out=out, lse=lse,
                            want_lse=return_lse or lse is not None, context=context)
     return (out, lse) if (return_lse or lse is not None) else out
+
+
+def ring_attention(q, k, v, ring, *, causal=False, scale=None, window=None, softcap=None,
+                   sinks=None, return_lse=False, algorithm="flash", deterministic=False,
+                   context=None):
+    """This rank's part of attention over a sequence sharded across the ranks of `ring` (a
+    flashattn.Ring): returns out, or (out, lse) with return_lse=True, for this rank's queries
+    over every rank's keys. A collective call: every rank of the ring makes it, with the same
+    shapes and arguments.
+
+    q [batch, n, heads_q, head_dim], k and v [batch, n, heads_kv, head_dim(_v)]: this rank's
+    shard of n tokens, placed in the sequence of ranks * n tokens as ring.layout says. causal and
+    window are the whole sequence's masks (positions global, diag = 0); scale, softcap, sinks,
+    algorithm, deterministic, context as for attention(). ALiBi and variable-length batches are
+    not supported here. Torch tensors that require grad go through a torch.autograd.Function
+    whose backward is the ring's; a sinks tensor then receives this rank's share of its
+    gradient (sum it over the ranks, as any parameter's under context parallelism).
+    """
+    opts = (causal, scale, algorithm, deterministic, window, softcap, None)
+    from . import _ring
+    if _ring.needs_autograd(q, k, v, sinks):
+        out, lse = _ring.autograd_forward(q, k, v, ring, opts, sinks, context)
+    else:
+        out, lse = _ring.forward(q, k, v, ring, opts, sinks=sinks, context=context)
+    return (out, lse) if return_lse else out
+
+
+def ring_attention_backward(dout, q, k, v, out, lse, ring, *, causal=False, scale=None,
+                            window=None, softcap=None, sinks=None, algorithm="flash",
+                            deterministic=False, context=None):
+    """Gradients (dq, dk, dv) of this rank's shard given dout for its out; out and lse are
+    ring_attention's (return_lse=True) and every other argument must be its too. With sinks,
+    returns (dq, dk, dv, dsinks): dsinks this rank's share. A collective call, as
+    ring_attention."""
+    from . import _ring
+    opts = (causal, scale, algorithm, deterministic, window, softcap, None)
+    return _ring.backward(dout, q, k, v, out, lse, ring, opts, sinks=sinks, context=context)

@@ -1211,3 +1211,192 @@ extern "C" {
         args: *const flashattn_merge_args_t,
     ) -> flashattn_status_t;
 }
+pub const flashattn_cp_layout_FLASHATTN_CP_LAYOUT_CONTIGUOUS: flashattn_cp_layout = 0;
+pub const flashattn_cp_layout_FLASHATTN_CP_LAYOUT_ZIGZAG: flashattn_cp_layout = 1;
+pub type flashattn_cp_layout = ::std::os::raw::c_uint;
+pub use self::flashattn_cp_layout as flashattn_cp_layout_t;
+pub type flashattn_cp_exchange_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        user: *mut ::std::os::raw::c_void,
+        send: *const ::std::os::raw::c_void,
+        recv: *mut ::std::os::raw::c_void,
+        bytes: usize,
+    ) -> ::std::os::raw::c_int,
+>;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flashattn_cp_args {
+    pub size: usize,
+    pub ranks: i64,
+    pub rank: i64,
+    pub layout: i64,
+    pub nccl_comm: *mut ::std::os::raw::c_void,
+    pub exchange: flashattn_cp_exchange_fn,
+    pub exchange_user: *mut ::std::os::raw::c_void,
+}
+#[test]
+fn bindgen_test_layout_flashattn_cp_args() {
+    assert_eq!(
+        ::std::mem::size_of::<flashattn_cp_args>(),
+        56usize,
+        concat!("Size of: ", stringify!(flashattn_cp_args))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flashattn_cp_args>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flashattn_cp_args))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_ranks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ranks) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(ranks)
+            )
+        );
+    }
+    test_field_ranks();
+    fn test_field_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(rank)
+            )
+        );
+    }
+    test_field_rank();
+    fn test_field_layout() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).layout) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(layout)
+            )
+        );
+    }
+    test_field_layout();
+    fn test_field_nccl_comm() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).nccl_comm) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(nccl_comm)
+            )
+        );
+    }
+    test_field_nccl_comm();
+    fn test_field_exchange() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).exchange) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(exchange)
+            )
+        );
+    }
+    test_field_exchange();
+    fn test_field_exchange_user() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flashattn_cp_args>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).exchange_user) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flashattn_cp_args),
+                "::",
+                stringify!(exchange_user)
+            )
+        );
+    }
+    test_field_exchange_user();
+}
+pub type flashattn_cp_args_t = flashattn_cp_args;
+extern "C" {
+    pub fn flashattn_cp_args_init_sized(
+        out: *mut flashattn_cp_args_t,
+        size: usize,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_cp_workspace_size(
+        out: *mut usize,
+        ctx: flashattn_context_t,
+        cp: *const flashattn_cp_args_t,
+        args: *const flashattn_args_t,
+        backward: ::std::os::raw::c_int,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_cp_forward(
+        ctx: flashattn_context_t,
+        cp: *const flashattn_cp_args_t,
+        args: *const flashattn_args_t,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_size: usize,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_cp_backward(
+        ctx: flashattn_context_t,
+        cp: *const flashattn_cp_args_t,
+        args: *const flashattn_args_t,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_size: usize,
+    ) -> flashattn_status_t;
+}

@@ -36,8 +36,15 @@ const PAGES_PER_SEQ: usize = 3;
 const POSITIONS: usize = 48;
 const CACHE_SEQLENS: [i32; B] = [40, 44];
 const BLOCK_TABLE: [i32; B * PAGES_PER_SEQ] = [0, 1, 2, 3, 4, 5];
-const OPS: [&str; 9] =
-    ["forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex", "merge"];
+const OPS: [&str; 12] = [
+    "forward", "backward", "supported", "workspace_size", "forward_ex", "backward_ex", "supported_ex", "workspace_size_ex", "merge",
+    "cp_forward", "cp_backward", "cp_workspace_size",
+];
+
+/// The _ex ops and the cp ops take the args struct, and its tensors' buffers.
+fn takes_args(op: &str) -> bool {
+    op.ends_with("_ex") || op.starts_with("cp_")
+}
 /// The merge's parts: three of out's and lse's shapes, one after another.
 const PARTS: usize = 3;
 
@@ -104,9 +111,9 @@ fn shape(name: &str) -> Vec<usize> {
 
 fn outputs(op: &str) -> &'static [&'static str] {
     match op {
-        "forward" | "forward_ex" | "merge" => &["out", "lse"],
+        "forward" | "forward_ex" | "merge" | "cp_forward" => &["out", "lse"],
         "backward" => &["dq", "dk", "dv"],
-        "backward_ex" => &["dq", "dk", "dv", "dsinks"],
+        "backward_ex" | "cp_backward" => &["dq", "dk", "dv", "dsinks"],
         _ => &[],
     }
 }
@@ -169,6 +176,9 @@ struct Call {
     args: flashattn_args_t,
     merge: flashattn_merge_args_t,
     pass_args: bool,
+    cp: flashattn_cp_args_t,
+    pass_cp: bool,
+    comm_stand_in: Box<u64>, // what cp.nccl_comm=set points at: no communicator
 }
 
 impl Call {
@@ -181,13 +191,15 @@ impl Call {
             passed: HashMap::new(), ends: HashMap::new(), block: vec![0; OPTIONS_BLOCK / 8], options_sizeof: 0, pass_options: true,
             workspace: Vec::new(), workspace_ptr: ptr::null_mut(), workspace_size: 0, backward: 0,
             names: match op {
-                _ if op.ends_with("_ex") => NAMES[..EX_TENSORS].to_vec(),
+                _ if takes_args(op) => NAMES[..EX_TENSORS].to_vec(),
                 "merge" => NAMES[..PLAIN_TENSORS].iter().chain(&NAMES[EX_TENSORS..]).copied().collect(),
                 _ => NAMES[..PLAIN_TENSORS].to_vec(),
             },
             // SAFETY: plain C structs; flashattn_args_init and flashattn_merge_args_init fill them below.
             args: unsafe { std::mem::zeroed() }, merge: unsafe { std::mem::zeroed() }, pass_args: true,
+            cp: unsafe { std::mem::zeroed() }, pass_cp: true, comm_stand_in: Box::new(0),
         };
+        check(unsafe { flashattn_cp_args_init(&mut c.cp) }, "cp_args_init");
         check(unsafe { flashattn_args_init(&mut c.args) }, "args_init");
         check(unsafe { flashattn_merge_args_init(&mut c.merge) }, "merge_args_init");
         (c.merge.num_parts, c.merge.parts_out_stride, c.merge.parts_lse_stride) = (PARTS as i64, (B * NQ * HQ * D) as i64, (B * HQ * NQ) as i64);
@@ -239,7 +251,20 @@ impl Call {
         }
         check(unsafe { flashattn_options_init(c.options()) }, "options_init");
         c.options_sizeof = unsafe { (*c.options()).size };
+        if op.starts_with("cp_") {
+            c.make_self_attention().expect("the cp ops' baseline");
+        }
         c
+    }
+
+    /// The cp ops' baseline (FORMAT.md): q, out, dout and dq hold as many tokens as k, over the
+    /// start of their buffers.
+    fn make_self_attention(&mut self) -> Result<(), String> {
+        for name in ["q", "out", "dout", "dq"] {
+            set_contiguous(self.view(name)?, &[B, NK, HQ, D]);
+        }
+        set_contiguous(self.view("lse")?, &[B, HQ, NK]);
+        Ok(())
     }
 
     fn options(&mut self) -> *mut flashattn_options_t {
@@ -326,6 +351,12 @@ impl Call {
                 self.passed.insert(NAMES.iter().find(|&&n| n == name).unwrap(), value == "given");
             }
             ("args", "null") => self.pass_args = false,
+            ("cp", "null") => self.pass_cp = false,
+            ("cp.size", n) => self.cp.size = int(n)? as usize,
+            ("cp.ranks", n) => self.cp.ranks = int(n)?,
+            ("cp.rank", n) => self.cp.rank = int(n)?,
+            ("cp.layout", n) => self.cp.layout = int(n)?,
+            ("cp.nccl_comm", "set") => self.cp.nccl_comm = (&mut *self.comm_stand_in as *mut u64).cast(),
             ("args.size", n) if self.op == "merge" => self.merge.size = int(n)? as usize,
             ("args.size", n) => self.args.size = int(n)? as usize,
             ("args.num_parts" | "args.parts_out_stride" | "args.parts_lse_stride", _) if self.op != "merge" => {
@@ -463,11 +494,19 @@ impl Call {
         let m = [self.arg("parts_out"), self.arg("parts_lse"), self.arg("out"), self.arg("lse")];
         [self.merge.parts_out, self.merge.parts_lse, self.merge.out, self.merge.lse] = m;
         let merge: *const flashattn_merge_args_t = if self.pass_args { &self.merge } else { ptr::null() };
+        let cp: *const flashattn_cp_args_t = if self.pass_cp { &self.cp } else { ptr::null() };
         // SAFETY: every pointer is NULL or points at a live view, options block or buffer; the
         // catalogue's cases are exactly what the library must reject without touching memory.
         unsafe {
             match self.op.as_str() {
                 "merge" => (flashattn_merge(self.call_ctx, merge), true),
+                "cp_forward" => (flashattn_cp_forward(self.call_ctx, cp, args, self.workspace_ptr, self.workspace_size), true),
+                "cp_backward" => (flashattn_cp_backward(self.call_ctx, cp, args, self.workspace_ptr, self.workspace_size), true),
+                "cp_workspace_size" => {
+                    let mut size = SIZE_SENTINEL;
+                    let status = flashattn_cp_workspace_size(&mut size, self.call_ctx, cp, args, self.backward);
+                    (status, size == SIZE_SENTINEL)
+                }
                 "forward_ex" => (flashattn_forward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
                 "backward_ex" => (flashattn_backward_ex(self.call_ctx, args, self.workspace_ptr, self.workspace_size), true),
                 "supported_ex" => (flashattn_supported_ex(self.call_ctx, args, self.backward), true),
@@ -527,8 +566,15 @@ fn baselines_succeed() {
         "cache=1;paged=1;k_new=given;v_new=given;rotary_cos=given;rotary_sin=given;args.rotary_interleaved=1;sinks=given;alibi_slopes=given"];
     let merge_variants = ["-", "lse=null", "out.data=alias:parts_out;lse.data=alias:parts_lse", "args.parts_out_stride=0;args.parts_lse_stride=0"];
     for op in OPS {
-        let lines: &[&str] = if op == "merge" { &merge_variants } else { &variants };
-        for mutations in lines.iter().filter(|m| **m == "-" || op.ends_with("_ex") || op == "merge") {
+        let cp_variants = ["-", "cp.layout=1", "sinks=given;dsinks=given"];
+        let lines: &[&str] = if op == "merge" {
+            &merge_variants
+        } else if op.starts_with("cp_") {
+            &cp_variants
+        } else {
+            &variants
+        };
+        for mutations in lines.iter().filter(|m| **m == "-" || takes_args(op) || op == "merge") {
             for backward in [0, 1] {
                 if mutations.contains("cache=1") && (backward == 1 || op == "backward_ex") {
                     continue;

@@ -25,6 +25,13 @@ fn inits_pass_the_struct_size() {
     assert_eq!((m.size, m.num_parts), (size_of::<flashattn_merge_args_t>(), 0));
     assert!(m.parts_out.is_null() && m.lse.is_null());
 
+    let mut cp = MaybeUninit::<flashattn_cp_args_t>::zeroed();
+    // SAFETY: the struct has room for size_of::<flashattn_cp_args_t>() bytes.
+    assert_eq!(unsafe { flashattn_cp_args_init(cp.as_mut_ptr()) }, flashattn_status_FLASHATTN_SUCCESS);
+    let cp = unsafe { cp.assume_init() };
+    assert_eq!((cp.size, cp.ranks, cp.rank, cp.layout), (size_of::<flashattn_cp_args_t>(), 1, 0, 0));
+    assert!(cp.nccl_comm.is_null() && cp.exchange.is_none());
+
     o.softcap = 2.0;
     let status = unsafe { flashattn_options_init_sized(&mut o, 8) };
     assert_eq!(status, flashattn_status_FLASHATTN_ERROR_INVALID_ARGUMENT);

@@ -32,12 +32,14 @@ use flashattn_sys as sys;
 mod host;
 mod kvcache;
 mod merge;
+mod ring;
 mod variants;
 mod view;
 
 pub use host::Dims;
 pub use kvcache::{KvCache, Rotary};
 pub use merge::Parts;
+pub use ring::{Exchange, Layout, Ring};
 pub use variants::{Gradients, Variants};
 pub use view::{Element, View, ViewMut, BF16, F16};
 
