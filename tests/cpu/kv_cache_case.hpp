@@ -302,6 +302,8 @@ inline CacheResult run_cache(flashattn_context_t ctx, CacheCall& call, const Inp
   r.status = flashattn_forward_ex(ctx, &args, ws_ptr, ws_size);
   r.message = flashattn_last_error();
   if (where != nullptr) {
+    // The call is enqueued on the context's stream: done before its results are copied back.
+    if (r.status == FLASHATTN_SUCCESS) r.status = flashattn_context_synchronize(ctx);
     for (HostTensor* t : {&r.out, &r.lse, &call.k, &call.v}) {
       where->fetch(t->storage_data(), t->storage_bytes());
     }
