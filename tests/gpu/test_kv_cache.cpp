@@ -126,17 +126,26 @@ TEST_SUITE("gpu_kv_cache") {
       // One token over 32 query heads in groups of 4 (the decode kernel, split keys), and four
       // tokens of a group of 4 (16 packed rows); lengths of 1, not block multiples, past a split.
       const flashattn_test::Case one = kv::cache_case(dt, 1, {1, 300, 1000, 4097}, 32, 8, 128, true);
-      const flashattn_test::Case four = kv::cache_case(dt, 4, {4, 129, 2000}, 8, 2, 64, true);
-      for (const flashattn_test::Case& c : {one, four}) {
+      // Four tokens read pages on the decode kernel when every key is visible to all of them
+      // (no causal mask); with one, only the contiguous cache (the tiled kernels) takes them.
+      const flashattn_test::Case four = kv::cache_case(dt, 4, {4, 129, 2000}, 8, 2, 64, false);
+      const flashattn_test::Case four_causal = kv::cache_case(dt, 4, {4, 129, 2000}, 8, 2, 64, true);
+      for (const flashattn_test::Case& c : {one, four, four_causal}) {
         CHECK(check_on_gpu(c, kv::contiguous(0, 4200)).empty());
         CHECK(check_on_gpu(c, kv::contiguous(1, 4200)).empty());
+      }
+      for (const flashattn_test::Case& c : {one, four}) {
         for (int64_t page : {1, 7, 16, 64, 256}) CHECK(check_on_gpu(c, kv::paged(page, 1)).empty());
       }
+      const std::string refused = check_on_gpu(four_causal, kv::paged(16, 1));
+      CHECK_MESSAGE(refused.find("a paged KV cache is read by the decode path") != std::string::npos,
+                    refused);
     }
   }
 
   TEST_CASE("pages shared for reading, variants, rotary") {
-    flashattn_test::Case c = kv::cache_case(BF16, 2, {70, 90, 65}, 16, 4, 128, true);
+    // Two tokens that see every key (pages need the decode kernel: see above).
+    flashattn_test::Case c = kv::cache_case(BF16, 2, {70, 90, 65}, 16, 4, 128, false);
     kv::CacheLayout shared = kv::paged(16, 1);
     shared.shared_pages = 4;  // 64 tokens every sequence holds before the call
     CHECK(check_on_gpu(c, shared).empty());
