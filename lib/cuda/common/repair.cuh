@@ -106,6 +106,10 @@ __device__ __forceinline__ void repair_spoiled_rows(const cuda::FwdParams& p, in
                                                     const float (&inv)[2 * kMTiles],
                                                     const float (&lse)[2 * kMTiles], T* stage) {
   const uint32_t mine = spoiled_rows<kMTiles, kDTiles>(acc, inv);
+  // Rows past the sequence's queries are never stored; with a KV cache the keys past its
+  // length (still inside the cache) may have spoiled them too: they are left alone (their q
+  // row does not exist).
+  const SeqlenInfo seq(p, batch);
   uint32_t lanes = __ballot_sync(0xffffffffu, mine != 0) & 0x11111111u;  // one lane a quad
   while (lanes != 0) {
     const int src = __ffs(lanes) - 1;
@@ -115,8 +119,8 @@ __device__ __forceinline__ void repair_spoiled_rows(const cuda::FwdParams& p, in
 #pragma unroll
     for (int r = 0; r < 2 * kMTiles; ++r) {
       const float l = __shfl_sync(0xffffffffu, lse[r], src);
-      if (rows & (1u << r)) {
-        const int tile_row = src_row0 + 16 * (r / 2) + 8 * (r % 2);
+      const int tile_row = src_row0 + 16 * (r / 2) + 8 * (r % 2);
+      if ((rows & (1u << r)) && m0 + tile_row < seq.seqlen_q) {
         recompute_row<T, Tile, kHeadDim>(p, batch, head, m0 + tile_row,
                                          l * 1.4426950408889634f, stage, tile_row);
       }
