@@ -549,13 +549,16 @@ FLASHATTN_API flashattn_status_t flashattn_backward(flashattn_context_t ctx,
  * A CPU context checks the lengths (0 <= cache_seqlens[b], len_k <= capacity), the table
  * entries a sequence uses (in [0, num_pages)), the rotary positions (0 <= len_k - N_q whenever
  * rotary is given, every position below the table's rows) and that no two sequences append into
- * one page row (FLASHATTN_ERROR_INVALID_SHAPE, nothing written). A CUDA context answers
- * FLASHATTN_ERROR_UNSUPPORTED to a KV cache call in this version; the contract it will keep:
- * it cannot check those values without reading device memory, values that break the rules make
- * the results undefined (reads and writes may land outside the cache), the lengths and the
- * table live in device memory, and the launch depends on shapes only, so that a decode step may
- * be captured in a CUDA graph and replayed with new lengths. The cache takes no cu_seqlens_q,
- * cu_seqlens_k or max lengths. */
+ * one page row (FLASHATTN_ERROR_INVALID_SHAPE, nothing written). A CUDA context (the flash
+ * algorithm; the standard one answers FLASHATTN_ERROR_UNSUPPORTED) cannot check those values
+ * without reading device memory: values that break the rules make the results undefined (reads
+ * and writes may land outside the cache). The lengths and the table live in device memory, and
+ * the launch depends on shapes only, so that a decode step may be captured in a CUDA graph and
+ * replayed with new lengths. On CUDA a paged cache is read by the decode path: N_q times a KV
+ * group's query heads at most 16, with every key visible to all of a sequence's queries or to
+ * none (one token; several without a causal mask); other paged calls answer
+ * FLASHATTN_ERROR_UNSUPPORTED and say so; a contiguous cache takes any N_q. The cache takes no
+ * cu_seqlens_q, cu_seqlens_k or max lengths. */
 
 typedef struct flashattn_args {
   size_t size;                        /* sizeof(flashattn_args_t) as the caller compiled it */

@@ -151,7 +151,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, block_table=No
     out: an array of out's shape and q's dtype to write the result into instead of a new one.
     The CPU backend checks the lengths, the table entries a sequence uses and the rotary
     positions (flashattn.Error with FLASHATTN_ERROR_INVALID_SHAPE, nothing written); the CUDA
-    backend answers FLASHATTN_ERROR_UNSUPPORTED for now.
+    backend cannot check them (values that break the rules make the results undefined) and reads
+    a paged cache on its decode path only (a few query rows per KV group that see every key;
+    other paged calls raise FLASHATTN_ERROR_UNSUPPORTED saying so).
     """
     torch = sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():
