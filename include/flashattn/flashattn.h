@@ -803,7 +803,10 @@ FLASHATTN_API flashattn_status_t flashattn_merge(flashattn_context_t ctx,
  *    are done: 0 on success; any other value fails the call with FLASHATTN_ERROR_DEVICE (the
  *    message names the value; out, lse, dq, dk, dv are then undefined). Nothing overlaps, and a
  *    CUDA context's call does not return before its work is done.
- * The calls are collective: every rank makes each one, in the same order. Each rank validates
+ * Ownership: cp and what it points to (the communicator, the exchange and exchange_user) stay
+ * the caller's; the library reads them during a call and keeps none of them after it returns
+ * (with nccl_comm, the transfers it enqueued use the communicator until they complete). The
+ * calls are collective: every rank makes each one, in the same order. Each rank validates
  * its own arguments, and a rank refused before its first transfer leaves the others waiting:
  * call flashattn_cp_workspace_size on every rank first (it examines all a call does but
  * pointers and memory), and agree on the result. */

@@ -318,40 +318,38 @@ size_t cp_workspace_size(ContextState& state, const flashattn_cp_args_t& cp,
   return workspace_query(parallel::ring_workspace_size(*state.backend, setup, p, backward));
 }
 
-void cp_forward(ContextState& state, const flashattn_cp_args_t& cp, const flashattn_args_t& args,
-                void* workspace, size_t workspace_size) {
+// The forward's and the backward's shared body: validation, one rank as the plain call, else
+// the workspace and transport of the ring, then `run` (parallel::ring_forward or _backward).
+template <class Args, class Validate, class Plain, class Run>
+void cp_call(ContextState& state, const flashattn_cp_args_t& cp, const flashattn_args_t& args,
+             void* workspace, size_t workspace_size, bool backward, Validate validate,
+             Plain plain, Run run) {
   std::vector<CheckedView> views;
-  const ForwardArgs a = validate_forward(args, &views);
+  const Args a = validate(args, &views);
   const parallel::RingSetup setup = cp_setup(state, cp, a.problem);
   if (setup.ranks == 1) {
     if (cp.nccl_comm != nullptr) (void)cp_transport(state, cp);  // NCCL and the comm checked
-    return forward(state, args, workspace, workspace_size);
+    return plain(state, args, workspace, workspace_size);
   }
-  state.backend->check_supported(a.problem, false);
-  const size_t needed = parallel::ring_workspace_size(*state.backend, setup, a.problem, false);
+  state.backend->check_supported(a.problem, backward);
+  const size_t needed = parallel::ring_workspace_size(*state.backend, setup, a.problem, backward);
   ContextUse use(state);
   check_memory(state, views);
   Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
   std::unique_ptr<RingTransport> transport = cp_transport(state, cp);
-  parallel::ring_forward(*state.backend, *transport, setup, a, ws);
+  run(*state.backend, *transport, setup, a, ws);
+}
+
+void cp_forward(ContextState& state, const flashattn_cp_args_t& cp, const flashattn_args_t& args,
+                void* workspace, size_t workspace_size) {
+  cp_call<ForwardArgs>(state, cp, args, workspace, workspace_size, false, validate_forward,
+                       forward, parallel::ring_forward);
 }
 
 void cp_backward(ContextState& state, const flashattn_cp_args_t& cp,
                  const flashattn_args_t& args, void* workspace, size_t workspace_size) {
-  std::vector<CheckedView> views;
-  const BackwardArgs a = validate_backward(args, &views);
-  const parallel::RingSetup setup = cp_setup(state, cp, a.problem);
-  if (setup.ranks == 1) {
-    if (cp.nccl_comm != nullptr) (void)cp_transport(state, cp);
-    return backward(state, args, workspace, workspace_size);
-  }
-  state.backend->check_supported(a.problem, true);
-  const size_t needed = parallel::ring_workspace_size(*state.backend, setup, a.problem, true);
-  ContextUse use(state);
-  check_memory(state, views);
-  Workspace ws = workspace_for(state, needed, workspace, workspace_size, views);
-  std::unique_ptr<RingTransport> transport = cp_transport(state, cp);
-  parallel::ring_backward(*state.backend, *transport, setup, a, ws);
+  cp_call<BackwardArgs>(state, cp, args, workspace, workspace_size, true, validate_backward,
+                        backward, parallel::ring_backward);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ LseView from_row(LseView l, int64_t row) {
 }
 
 // The shard's sizes, and the workspace's arrays in order (offsets in bytes).
-struct Layout_ {
+struct RingBuffers {
   int64_t batch, n, hq, hkv, d, dv;
   DType dtype;
   size_t kv_bytes = 0;    // one shard of k then v, in dtype
@@ -57,8 +57,8 @@ struct Layout_ {
   size_t total = 0;
 };
 
-Layout_ layout_of(const Problem& p, bool backward) {
-  Layout_ w;
+RingBuffers layout_of(const Problem& p, bool backward) {
+  RingBuffers w;
   w.batch = p.batch;
   w.n = p.seqlen_q;
   w.hq = p.heads_q;
@@ -105,14 +105,14 @@ Layout_ layout_of(const Problem& p, bool backward) {
 struct KvViews {
   Tensor4 k, v;
 };
-KvViews kv_views(const Layout_& w, void* base) {
+KvViews kv_views(const RingBuffers& w, void* base) {
   KvViews r;
   r.k = contiguous(base, w.n, w.hkv, w.d);
   const size_t k_bytes = static_cast<size_t>(w.batch * w.n * w.hkv * w.d) * dtype_size(w.dtype);
   r.v = contiguous(static_cast<char*>(base) + k_bytes, w.n, w.hkv, w.dv);
   return r;
 }
-KvViews grad_views(const Layout_& w, void* base) {
+KvViews grad_views(const RingBuffers& w, void* base) {
   KvViews r;
   r.k = contiguous(base, w.n, w.hkv, w.d);
   const size_t k_bytes = static_cast<size_t>(w.batch * w.n * w.hkv * w.d) * sizeof(float);
@@ -146,7 +146,7 @@ std::vector<std::vector<RingCall>> plan_of(const RingSetup& s, const Problem& p)
   return steps;
 }
 
-RingOp op_of(RingOpKind kind, const Layout_& w, int64_t rows, int64_t heads, int64_t dim) {
+RingOp op_of(RingOpKind kind, const RingBuffers& w, int64_t rows, int64_t heads, int64_t dim) {
   RingOp op;
   op.kind = kind;
   op.dtype = w.dtype;
@@ -157,7 +157,7 @@ RingOp op_of(RingOpKind kind, const Layout_& w, int64_t rows, int64_t heads, int
   return op;
 }
 
-void pack_shard(Backend& backend, const Layout_& w, const Tensor4& k, const Tensor4& v,
+void pack_shard(Backend& backend, const RingBuffers& w, const Tensor4& k, const Tensor4& v,
                 const KvViews& dst) {
   RingOp op = op_of(RingOpKind::Copy, w, w.n, w.hkv, w.d);
   op.src = k;
@@ -173,7 +173,7 @@ void pack_shard(Backend& backend, const Layout_& w, const Tensor4& k, const Tens
 
 size_t ring_workspace_size(const Backend& backend, const RingSetup& setup, const Problem& local,
                            bool backward) {
-  const Layout_ w = layout_of(local, backward);
+  const RingBuffers w = layout_of(local, backward);
   size_t inner = 0;
   for (const auto& step : plan_of(setup, local)) {
     for (const RingCall& c : step) {
@@ -192,7 +192,7 @@ size_t ring_workspace_size(const Backend& backend, const RingSetup& setup, const
 void ring_forward(Backend& backend, RingTransport& transport, const RingSetup& setup,
                   const ForwardArgs& local, Workspace ws) {
   const Problem& lp = local.problem;
-  const Layout_ w = layout_of(lp, false);
+  const RingBuffers w = layout_of(lp, false);
   char* base = static_cast<char*>(ws.data);
   const Workspace inner{base + w.inner, ws.size - w.inner};
   KvViews kv[2] = {kv_views(w, base + w.kv[0]), kv_views(w, base + w.kv[1])};
@@ -245,7 +245,7 @@ void ring_forward(Backend& backend, RingTransport& transport, const RingSetup& s
 void ring_backward(Backend& backend, RingTransport& transport, const RingSetup& setup,
                    const BackwardArgs& local, Workspace ws) {
   const Problem& lp = local.problem;
-  const Layout_ w = layout_of(lp, true);
+  const RingBuffers w = layout_of(lp, true);
   char* base = static_cast<char*>(ws.data);
   const Workspace inner{base + w.inner, ws.size - w.inner};
   KvViews kv[2] = {kv_views(w, base + w.kv[0]), kv_views(w, base + w.kv[1])};
