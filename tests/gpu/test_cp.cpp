@@ -57,8 +57,13 @@ class CudaRank final : public CpRank {
   gpu_test::DeviceMemory ws_;
 };
 
+// A cudaMemcpy between device pointers may return before the copy is done, and an exchange
+// must return once it is (the header's contract: the ranks go on to overwrite send and read
+// recv on streams that do not wait for the legacy one), so the copy is waited for. Without the
+// wait the dk and dv that travel came out wrong when other work slowed the GPU down.
 void device_copy(void* dst, const void* src, size_t bytes) {
   REQUIRE(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
 }
 
 CpCase make_case(flashattn_dtype_t dtype, int ranks, int64_t layout, int64_t n, bool causal) {
