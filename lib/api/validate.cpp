@@ -926,6 +926,10 @@ Configuration configuration_of(const flashattn_args_t& a, CallKind call) {
   p.heads_kv = a.k->shape[heads];
   p.head_dim = a.q->shape[hd];
   p.head_dim_v = a.v->shape[hd];
+  {
+    const Tensor4 tq = tensor4(a.q), tk = tensor4(a.k), tv = tensor4(a.v);
+    p.unaligned_rows = unaligned_rows_of(p.dtype, {{kRowsQ, &tq}, {kRowsK, &tk}, {kRowsV, &tv}});
+  }
   if (varlen) {
     expect_both("cu_seqlens_q", a.cu_seqlens_q, "cu_seqlens_k", a.cu_seqlens_k,
                 "a variable-length batch needs the offsets of both");
@@ -1113,6 +1117,7 @@ ForwardArgs validate_forward(const flashattn_args_t& args, std::vector<CheckedVi
   a.lse = lse_view(args.lse);
   a.variants = variant_views(args);
   a.cache = cache_update(args);
+  a.problem.unaligned_rows = unaligned_rows_of(a);
   return a;
 }
 
@@ -1145,6 +1150,7 @@ BackwardArgs validate_backward(const flashattn_args_t& args, std::vector<Checked
   a.dv = tensor4(args.dv);
   a.variants = variant_views(args);
   a.dsinks = vector_view<float>(args.dsinks);
+  a.problem.unaligned_rows = unaligned_rows_of(a);
   return a;
 }
 

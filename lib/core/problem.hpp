@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include <flashattn/flashattn.h>
 
@@ -73,6 +75,12 @@ struct Problem {
   DType rotary_dtype = DType::F32;
   bool rotary_interleaved = false;  // pairs (2r, 2r + 1); else (r, r + R / 2)
 
+  // Which views' rows do not start on 16-byte boundaries (RowView bits): set from the views at
+  // hand, so a query, which is shown q, k and v only (and maybe no data pointer), takes the
+  // outputs and absent pointers as aligned. Backends that need aligned rows size what they
+  // copy by it (the CUDA flash kernels).
+  uint32_t unaligned_rows = 0;
+
   int64_t group_size() const { return heads_q / heads_kv; }
   // A window that no causal mask alone expresses (a left bound, or a right bound past 0).
   bool sliding_window() const { return window_left >= 0 || window_right > 0; }
@@ -87,6 +95,26 @@ struct Tensor4 {
   int64_t stride_seq = 0;
   int64_t stride_head = 0;
 };
+
+// The views of an attention call, one bit each in Problem::unaligned_rows.
+enum RowView : uint32_t {
+  kRowsQ = 1u << 0,
+  kRowsK = 1u << 1,
+  kRowsV = 1u << 2,
+  kRowsOut = 1u << 3,
+  kRowsDout = 1u << 4,
+  kRowsDq = 1u << 5,
+  kRowsDk = 1u << 6,
+  kRowsDv = 1u << 7,
+};
+
+// Does every row of the view start on a 16-byte boundary (its data pointer, and its batch, row
+// and head strides in bytes)? A null pointer (a query's) counts as aligned.
+inline bool rows_aligned16(const Tensor4& t, DType dtype) {
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.stride_batch * es) % 16 == 0 &&
+         (t.stride_seq * es) % 16 == 0 && (t.stride_head * es) % 16 == 0;
+}
 
 // The [batch, heads_q, seqlen_q] fp32 log-sum-exp. data may be null in the forward (not wanted).
 // The [heads_q, total_q] one of a variable-length batch has stride_batch 0, as Tensor4.
@@ -165,6 +193,29 @@ struct BackwardArgs {
   VariantViews variants;
   Vector<float> dsinks;  // data null: not wanted
 };
+
+// Problem::unaligned_rows of a call's views.
+inline uint32_t unaligned_rows_of(DType dtype, std::initializer_list<std::pair<RowView, const Tensor4*>> views) {
+  uint32_t bits = 0;
+  for (const auto& v : views) {
+    if (!rows_aligned16(*v.second, dtype)) bits |= v.first;
+  }
+  return bits;
+}
+inline uint32_t unaligned_rows_of(const ForwardArgs& a) {
+  return unaligned_rows_of(a.problem.dtype,
+                           {{kRowsQ, &a.q}, {kRowsK, &a.k}, {kRowsV, &a.v}, {kRowsOut, &a.out}});
+}
+inline uint32_t unaligned_rows_of(const BackwardArgs& a) {
+  return unaligned_rows_of(a.problem.dtype, {{kRowsQ, &a.q},
+                                             {kRowsK, &a.k},
+                                             {kRowsV, &a.v},
+                                             {kRowsOut, &a.out},
+                                             {kRowsDout, &a.dout},
+                                             {kRowsDq, &a.dq},
+                                             {kRowsDk, &a.dk},
+                                             {kRowsDv, &a.dv}});
+}
 
 // A merge of partial results (flashattn_merge): part p's output element (b, n, h, d) at
 // parts_out + p * parts_out_stride, its LSE at parts_lse + p * parts_lse_stride, each addressed

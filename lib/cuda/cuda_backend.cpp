@@ -247,11 +247,23 @@ size_t CudaBackend::workspace_size(const Problem& p, bool backward) const {
   return cuda::standard::workspace_size(p, backward);
 }
 
+// The views of a call may need more copies than a query saw (a data pointer off 16 bytes, an
+// output's strides): the API layer sized the workspace from the same views, so this holds for
+// its calls; it is checked for every caller all the same.
+void check_call_workspace(size_t needed, const Workspace& ws) {
+  if (ws.size < needed) {
+    fail(FLASHATTN_ERROR_WORKSPACE_TOO_SMALL,
+         "flash algorithm: this call's views need %zu bytes of workspace (rows off 16 bytes are "
+         "copied there), %zu given", needed, ws.size);
+  }
+}
+
 void CudaBackend::forward(const ForwardArgs& args, Workspace ws) {
   DeviceGuard guard(dev_.ordinal);
   if (args.problem.algorithm == Algorithm::Flash) {
     const char* why = cuda::flash_unsupported_layout(args);
     if (why != nullptr) fail(FLASHATTN_ERROR_UNSUPPORTED, "flash algorithm: %s", why);
+    check_call_workspace(cuda::flash_call_workspace_size(args, dev_), ws);
     cudaError_t e = cuda::flash_forward(args, ws.data, ws.size, dev_, current());
     if (e == cudaErrorNotSupported) {
       fail(FLASHATTN_ERROR_INTERNAL,
@@ -267,8 +279,7 @@ void CudaBackend::forward(const ForwardArgs& args, Workspace ws) {
 void CudaBackend::backward(const BackwardArgs& args, Workspace ws) {
   DeviceGuard guard(dev_.ordinal);
   if (args.problem.algorithm == Algorithm::Flash) {
-    const char* why = cuda::flash_unsupported_layout(args);
-    if (why != nullptr) fail(FLASHATTN_ERROR_UNSUPPORTED, "flash algorithm: %s", why);
+    check_call_workspace(cuda::flash_call_workspace_size(args, dev_), ws);
     cudaError_t e = cuda::flash_backward(args, ws.data, ws.size, dev_, current());
     if (e == cudaErrorNotSupported) {
       fail(FLASHATTN_ERROR_INTERNAL,

@@ -149,11 +149,8 @@ bool FlashTally::supported(flashattn_context_t ctx, const flashattn_tensor_t& q,
 }
 
 void FlashTally::declined(const Case& c, const char* reason) {
-  if (c.layout == Layout::PaddedOdd) {
-    if (skipped_++ == 0) first_reason_ = std::string("layout: ") + reason;
-    return;
-  }
-  note(c, std::string("declined at call time: ") + reason);
+  FAIL_CHECK("flash declined at call time (it takes every layout, unaligned rows through "
+             "aligned copies): " << describe(c) << ": " << reason);
 }
 
 flashattn_options_t options_for(const Case& c, flashattn_algorithm_t algorithm,

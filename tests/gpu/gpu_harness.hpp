@@ -84,7 +84,7 @@ bool same_bytes(const HostTensor& a, const HostTensor& b);
 enum class Layout {
   Contiguous,
   Padded,          // gaps of 8/24/40 elements: strided, still 16-byte aligned
-  PaddedOdd,       // gaps of 3/5/7 elements: flash may decline the alignment (UNSUPPORTED)
+  PaddedOdd,       // gaps of 3/5/7 elements: rows off 16 bytes (flash copies them aligned)
   PackedQKV,       // q, k, v slices of one [b, n, hq + 2 hkv, d] tensor (needs nq == nk)
   BroadcastKV,     // k and v broadcast over the batch (batch stride 0)
 };
@@ -114,7 +114,7 @@ class FlashTally {
   bool supported(flashattn_context_t ctx, const flashattn_tensor_t& q,
                  const flashattn_tensor_t& k, const flashattn_tensor_t& v,
                  const flashattn_options_t& opts, int backward, const Case& c);
-  // A call-time UNSUPPORTED (layout): acceptable for PaddedOdd, else like the above.
+  // A call-time UNSUPPORTED after the query said yes: a failure.
   void declined(const Case& c, const char* reason);
   void ran() { ++ran_; }
 

@@ -43,13 +43,13 @@ struct Stream {
 
 // The small problem's host tensors, device copies and float64/emulated expectations.
 struct Small {
-  Case c = kSmall;
+  Case c;
   gpu_test::Inputs in;
   HostTensor out, lse;
   DeviceSet dev;
   flashattn_tensor_t q{}, k{}, v{}, o{}, l{};
 
-  explicit Small(uint64_t seed = 1) {
+  explicit Small(uint64_t seed = 1, const Case& shape = kSmall) : c(shape) {
     in = gpu_test::make_inputs(c, seed);
     out = HostTensor::make(c.dtype, c.b, c.nq, c.hq, c.d);
     lse = HostTensor::lse(c.b, c.hq, c.nq);
@@ -301,6 +301,63 @@ TEST_CASE("workspace: caller-owned memory of the queried size gives the same res
       CHECK(s.forward(c.ctx, host.data(), need, a) == FLASHATTN_ERROR_INVALID_MEMORY);
     }
   }
+}
+
+TEST_CASE("workspace: rows off 16 bytes are copied there; the query counts what it is shown") {
+  // Head dim 100 (tight rows of 200 bytes): q, k, v and out go through aligned copies of 104
+  // columns, which the query counts from the shapes alone.
+  Context c;
+  Case odd = kSmall;
+  odd.name = "head dim 100";
+  odd.d = 100;
+  Small s(3, odd);
+  const flashattn_options_t opts = s.options(FLASHATTN_ALGORITHM_FLASH);
+  REQUIRE(flashattn_supported(c.ctx, &s.q, &s.k, &s.v, &opts, 0) == FLASHATTN_SUCCESS);
+  size_t need = 0;
+  GPU_FA_OK(flashattn_workspace_size(&need, c.ctx, &s.q, &s.k, &s.v, &opts, 0));
+  const size_t rows_q = size_t(odd.b * odd.nq * odd.hq), rows_k = size_t(odd.b * odd.nk * odd.hkv);
+  CHECK(need >= (2 * rows_q + 2 * rows_k) * 104 * 2);
+  GPU_FA_OK(s.forward(c.ctx, nullptr, 0, FLASHATTN_ALGORITHM_FLASH));
+  GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+  const std::vector<double> with_scratch = s.fetch_out();
+  for (double x : with_scratch) REQUIRE(std::isfinite(x));
+  {
+    DeviceMemory ws(need);
+    s.out.poison();
+    s.dev.upload(s.out);
+    GPU_FA_OK(s.forward(c.ctx, ws.get(), need, FLASHATTN_ALGORITHM_FLASH));
+    GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+    CHECK(s.fetch_out() == with_scratch);
+    CHECK(s.forward(c.ctx, ws.get(), need - 1, FLASHATTN_ALGORITHM_FLASH) ==
+          FLASHATTN_ERROR_WORKSPACE_TOO_SMALL);
+  }
+
+  // Head dim 64 with q one element off 16 bytes: a query shown the pointer counts q's copy; one
+  // given no data pointer cannot, and the call says how much it needs.
+  Small a(5);
+  const flashattn_options_t fo = a.options(FLASHATTN_ALGORITHM_FLASH);
+  GPU_FA_OK(a.forward(c.ctx, nullptr, 0, FLASHATTN_ALGORITHM_FLASH));
+  GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+  const std::vector<double> aligned_out = a.fetch_out();
+  const size_t q_bytes = a.in.q.storage_bytes();  // contiguous: the view is all of it
+  DeviceMemory shifted(q_bytes + 16);
+  flashattn_tensor_t q_off = a.q;
+  q_off.data = static_cast<char*>(shifted.get()) + 2;  // one 16-bit element past 16 bytes
+  GPU_CUDA_OK(cudaMemcpy(q_off.data, a.q.data, q_bytes, cudaMemcpyDeviceToDevice));
+  size_t blind = 0, shown = 0;
+  flashattn_tensor_t q_blind = q_off;
+  q_blind.data = nullptr;
+  GPU_FA_OK(flashattn_workspace_size(&blind, c.ctx, &q_blind, &a.k, &a.v, &fo, 0));
+  GPU_FA_OK(flashattn_workspace_size(&shown, c.ctx, &q_off, &a.k, &a.v, &fo, 0));
+  CHECK(shown >= blind + q_bytes);
+  DeviceMemory ws(shown);
+  a.out.poison();
+  a.dev.upload(a.out);
+  CHECK(flashattn_forward(c.ctx, &q_off, &a.k, &a.v, &a.o, &a.l, &fo, ws.get(), blind) ==
+        FLASHATTN_ERROR_WORKSPACE_TOO_SMALL);
+  GPU_FA_OK(flashattn_forward(c.ctx, &q_off, &a.k, &a.v, &a.o, &a.l, &fo, ws.get(), shown));
+  GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+  CHECK(a.fetch_out() == aligned_out);  // the same kernel on the same values
 }
 
 TEST_CASE("streams: the caller's stream is used as given; NULL returns to the context's own") {

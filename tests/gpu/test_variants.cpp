@@ -49,7 +49,7 @@ const Expectation kExpectations[] = {
   {kAlibiPerHead,     Y,   Y,       Y,   Y,       Y,   Y},
   {kAlibiPerBatch,    Y,   Y,       Y,   Y,       Y,   Y},
   {kSinks,            Y,   Y,       Y,   Y,       Y,   Y},
-  {kHeadDimV,         Y,   Y,       N,   N,       N,   N},
+  {kHeadDimV,         Y,   Y,       Y,   Y,       Y,   Y},
   {kOddHeadDim,       Y,   Y,       Y,   Y,       Y,   Y},
   {kVarlen,           Y,   Y,       Y,   Y,       Y,   Y},
 };
@@ -391,9 +391,8 @@ TEST_SUITE("gpu_variants_shapes") {
   }
 
   TEST_CASE("packed and unaligned views: packed QKV, tight odd head dims, odd gaps") {
-    // Views whose rows are not 16-byte aligned: the standard algorithm takes them; the flash
-    // kernels may decline them with UNSUPPORTED (the README's rule) or take them, and are then
-    // checked like any result.
+    // Views whose rows are not 16-byte aligned: the standard algorithm takes them as they are,
+    // the flash path through aligned copies in the workspace.
     Tally tally("packed and unaligned views");
     for (flashattn_dtype_t dt : kDtypes) {
       Case p = laid_out(

@@ -236,7 +236,6 @@ Tally::~Tally() {
   std::printf("[%s] %d pass(es) ran", what_, ran_);
   if (skipped_ > 0)
     std::printf(", %d skipped (not in the expectation table, UNSUPPORTED)", skipped_);
-  if (declined_ > 0) std::printf(", %d declined by flash for unaligned views", declined_);
   if (beyond_ > 0) std::printf(", %d ran beyond the table", beyond_);
   std::printf("\n");
   std::fflush(stdout);
@@ -253,12 +252,6 @@ void Tally::skipped(Family f, Pass p, const Case& c, const std::string& reason) 
        "skipped (" + where + ", not expected yet): " + reason + " [first case: " + c.name() + "]");
 }
 
-void Tally::declined_layout(Family f, Pass p, const Case& c, const std::string& reason) {
-  ++declined_;
-  const std::string where = family_name(f) + " " + pass_name(p);
-  once("layout " + where, "declined as documented (" + where + ", unaligned views): " + reason +
-                              " [first case: " + c.name() + "]");
-}
 
 void Tally::beyond_table(Family f, Pass p, const Case& c) {
   ++beyond_;
@@ -398,13 +391,6 @@ flashattn_tensor_t drop_batch(flashattn_tensor_t t) {
   return t;
 }
 
-bool rows_aligned(const flashattn_tensor_t& t) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
-  for (int i = 0; i + 1 < t.rank; ++i)
-    if (t.strides[i] % 8 != 0) return false;
-  return true;
-}
-
 // Where the tensors of one call live: the CUDA context's device memory (uploaded through a
 // DeviceSet, offsets copied with cudaMemcpy) or the host (a CPU context).
 class Placement {
@@ -502,7 +488,6 @@ CallStatus run_pass(flashattn_context_t ctx, bool device, Pass pass, const Case&
     a.out = &out;
     a.lse = &lse;
     outputs = {&r->out, &r->lse};
-    st.flash_aligned = rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(out);
   } else {
     REQUIRE(fwd != nullptr);
     out = place.view(fwd->out, true);
@@ -528,9 +513,6 @@ CallStatus run_pass(flashattn_context_t ctx, bool device, Pass pass, const Case&
       a.dsinks = &dsinks;
       outputs.push_back(&r->dsinks);
     }
-    st.flash_aligned = true;
-    for (const flashattn_tensor_t* t : {&q, &k, &v, &out, &dout, &dq, &dk, &dv})
-      st.flash_aligned = st.flash_aligned && rows_aligned(*t);
   }
   std::vector<std::vector<unsigned char>> before;
   for (HostTensor* t : outputs) before.push_back(t->snapshot());
@@ -564,7 +546,6 @@ bool attempt(Tally& tally, Pass pass, const Case& c, const Inputs& in,
   const CallStatus st =
       run_pass(gpu_test::shared_context(), true, pass, c, in, algorithm, deterministic, fwd, r);
   INFO(family_name(f) << " " << pass_name(pass) << ": " << c.name());
-  const bool unaligned_flash = algorithm == FLASHATTN_ALGORITHM_FLASH && !st.flash_aligned;
   if (st.query != FLASHATTN_SUCCESS) {
     // Any other status is a wrong answer of the query to a valid request.
     INFO("flashattn_supported_ex: " << std::string(flashattn_status_string(st.query)) << ": "
@@ -572,22 +553,14 @@ bool attempt(Tally& tally, Pass pass, const Case& c, const Inputs& in,
     REQUIRE(st.query == FLASHATTN_ERROR_UNSUPPORTED);
     if (!want) {
       tally.skipped(f, pass, c, st.message);
-    } else if (unaligned_flash) {
-      // The query sees the strides: it may refuse the views as the call would (below).
-      tally.declined_layout(f, pass, c, st.message);
     } else {
       FAIL_CHECK(
           "expected to be supported (see the expectation table), but UNSUPPORTED: " << st.message);
     }
     return false;
   }
-  if (st.call == FLASHATTN_ERROR_UNSUPPORTED && unaligned_flash) {
-    tally.declined_layout(f, pass, c, st.message);
-    return false;
-  }
   if (st.call != FLASHATTN_SUCCESS) {
-    // The query said yes: the call may refuse only what the query cannot see (the flash
-    // kernels' alignment, above).
+    // The query said yes: the call must run (unaligned views included, through copies).
     FAIL_CHECK("flashattn_supported_ex said supported, the "
                << pass_name(pass) << " returned " << std::string(flashattn_status_string(st.call))
                << ": " << st.message);

@@ -118,15 +118,13 @@ class Tally {
   void ran() { ++ran_; }
   // Not in the table and UNSUPPORTED: reported as skipped with the library's message.
   void skipped(Family f, Pass p, const Case& c, const std::string& reason);
-  // The flash kernels declined views whose rows are not 16-byte aligned (the README's rule).
-  void declined_layout(Family f, Pass p, const Case& c, const std::string& reason);
   // Ran although the table does not expect it: the table can be widened.
   void beyond_table(Family f, Pass p, const Case& c);
 
  private:
   void once(const std::string& key, const std::string& text);
   const char* what_;
-  int ran_ = 0, skipped_ = 0, declined_ = 0, beyond_ = 0;
+  int ran_ = 0, skipped_ = 0, beyond_ = 0;
   std::map<std::string, int> seen_;
 };
 
@@ -156,7 +154,6 @@ struct CallStatus {
   flashattn_status_t query = FLASHATTN_SUCCESS;  // flashattn_supported_ex
   flashattn_status_t call = FLASHATTN_SUCCESS;   // the pass itself (only when the query said yes)
   std::string message;                           // the library's message for the first refusal
-  bool flash_aligned = true;  // every view's rows 16-byte aligned (pointers and strides)
 };
 
 // One pass of `algorithm` with every output poisoned first, on the CUDA context (device) or a
@@ -167,7 +164,7 @@ CallStatus run_pass(flashattn_context_t ctx, bool device, Pass pass, const Case&
                     const Results* fwd, Results* r);
 
 // run_pass on the CUDA context, judged by the table: true when the pass ran (results in *r);
-// false after a failure (expected, but refused) or a report (skipped, declined).
+// false after a failure (expected, but refused) or a report (skipped).
 bool attempt(Tally& tally, Pass pass, const Case& c, const Inputs& in,
              flashattn_algorithm_t algorithm, int deterministic, const Results* fwd, Results* r);
 

@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(256)
                    head * p.o_head_stride + packed_row * p.o_row_stride;
       const T* d_o = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
                      head * p.do_head_stride + packed_row * p.do_row_stride;
-      for (int c = part * 8; c < p.head_dim; c += 32) {
-        if (c + 8 <= p.head_dim) {
+      for (int c = part * 8; c < p.head_dim_v; c += 32) {
+        if (c + 8 <= p.head_dim_v) {
           const uint4 a = *reinterpret_cast<const uint4*>(o + c);
           const uint4 b = *reinterpret_cast<const uint4*>(d_o + c);
           const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(256)
             acc += fa.x * fb.x + fa.y * fb.y;
           }
         } else {
-          for (int j = c; j < p.head_dim; ++j) acc += float(o[j]) * float(d_o[j]);
+          for (int j = c; j < p.head_dim_v; ++j) acc += float(o[j]) * float(d_o[j]);
         }
       }
     }

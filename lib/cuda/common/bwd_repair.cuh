@@ -61,7 +61,7 @@ __device__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv, 
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
     kv[i] = c < p.head_dim ? static_cast<float>(kj[c]) : 0.0f;
-    vv[i] = c < p.head_dim ? static_cast<float>(vj[c]) : 0.0f;
+    vv[i] = c < p.head_dim_v ? static_cast<float>(vj[c]) : 0.0f;
     dk[i] = dv[i] = 0.0f;
   }
   int lo, hi;
@@ -83,7 +83,7 @@ __device__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv, 
       for (int i = 0; i < kPerLane; ++i) {
         const int c = lane + 32 * i;
         qv[i] = c < p.head_dim ? static_cast<float>(qi[c]) : 0.0f;
-        dov[i] = c < p.head_dim ? static_cast<float>(doi[c]) : 0.0f;
+        dov[i] = c < p.head_dim_v ? static_cast<float>(doi[c]) : 0.0f;
         s = fmaf(qv[i], kv[i], s);
         dp = fmaf(dov[i], vv[i], dp);
       }
@@ -111,10 +111,8 @@ __device__ void recompute_key(const cuda::BwdParams& p, int batch, int head_kv, 
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
-    if (c < p.head_dim) {
-      dk_row[c] = static_cast<T>(dk[i] * p.scale);
-      dv_row[c] = static_cast<T>(dv[i]);
-    }
+    if (c < p.head_dim) dk_row[c] = static_cast<T>(dk[i] * p.scale);
+    if (c < p.head_dim_v) dv_row[c] = static_cast<T>(dv[i]);
   }
 }
 
@@ -146,7 +144,7 @@ __device__ void recompute_query(const cuda::BwdParams& p, int batch, int head, i
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
     qv[i] = c < p.head_dim ? static_cast<float>(qi[c]) : 0.0f;
-    dov[i] = c < p.head_dim ? static_cast<float>(doi[c]) : 0.0f;
+    dov[i] = c < p.head_dim_v ? static_cast<float>(doi[c]) : 0.0f;
     dq[i] = 0.0f;
   }
   int lo, hi;
@@ -162,7 +160,7 @@ __device__ void recompute_query(const cuda::BwdParams& p, int batch, int head, i
       const int c = lane + 32 * i;
       kv[i] = c < p.head_dim ? static_cast<float>(kj[c]) : 0.0f;
       s = fmaf(qv[i], kv[i], s);
-      dp = fmaf(dov[i], c < p.head_dim ? static_cast<float>(vj[c]) : 0.0f, dp);
+      dp = fmaf(dov[i], c < p.head_dim_v ? static_cast<float>(vj[c]) : 0.0f, dp);
     }
 #pragma unroll
     for (int w = 16; w > 0; w /= 2) {

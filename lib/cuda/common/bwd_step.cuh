@@ -94,7 +94,18 @@ __device__ __forceinline__ void load_kv(const cuda::BwdParams& p, const Block& b
   const T* vg = static_cast<const T*>(p.v) + b.batch * p.v_batch_stride +
                 b.head_kv * p.v_head_stride + row * p.v_row_stride;
   load_tile<TileKV, kThreads>(sK, kg, p.k_row_stride, b.rows_k, p.head_dim, tid);
-  load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, b.rows_k, p.head_dim, tid);
+  load_tile<TileKV, kThreads>(sV, vg, p.v_row_stride, b.rows_k, p.head_dim_v, tid);
+}
+
+// The first `left` elements of a 16-byte chunk (value v, also at src in shared memory) to dst:
+// one 16-byte store when the chunk is whole, element by element when it is the row's last.
+template <class T>
+__device__ __forceinline__ void store_chunk(T* dst, uint4 v, const T* src, int left) {
+  if (left >= 8) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    for (int j = 0; j < left; ++j) dst[j] = src[j];
+  }
 }
 
 // dK and dV of the block, staged (converted) in the K and V tiles, to global memory; a key
@@ -117,26 +128,18 @@ __device__ __forceinline__ void store_dkdv(const cuda::BwdParams& p, const Block
     if (kTotal % kThreads == 0 || idx < kTotal) {
       const int r = idx / kChunksPerRow;
       const int c = (idx % kChunksPerRow) * 8;
-      if (r < b.rows_k && c < p.head_dim) {
+      if (r < b.rows_k && (c < p.head_dim || c < p.head_dim_v)) {
         const uint4 dk = *reinterpret_cast<const uint4*>(sdK + TileKV::offset(r, c));
         const uint4 dv = *reinterpret_cast<const uint4*>(sdV + TileKV::offset(r, c));
-        // Columns past head_dim hold 0 (the operands' padding is zero-filled).
+        // Columns past head_dim (dk) and head_dim_v (dv) hold 0 (the operands' padding is
+        // zero-filled).
         if (chunk_nonfinite<T>(dk) || chunk_nonfinite<T>(dv)) {
           flag_spoiled_key(p, b.batch, b.head_kv, b.n0 + r);
         }
-        T* dk_dst = dkg + int64_t(r) * p.dk_row_stride + c;
-        T* dv_dst = dvg + int64_t(r) * p.dv_row_stride + c;
-        if (c + 8 <= p.head_dim) {
-          *reinterpret_cast<uint4*>(dk_dst) = dk;
-          *reinterpret_cast<uint4*>(dv_dst) = dv;
-        } else {  // a partial chunk, element by element
-          const T* dk_src = sdK + TileKV::offset(r, c);
-          const T* dv_src = sdV + TileKV::offset(r, c);
-          for (int j = 0; j < p.head_dim - c; ++j) {
-            dk_dst[j] = dk_src[j];
-            dv_dst[j] = dv_src[j];
-          }
-        }
+        store_chunk(dkg + int64_t(r) * p.dk_row_stride + c, dk, sdK + TileKV::offset(r, c),
+                    p.head_dim - c);
+        store_chunk(dvg + int64_t(r) * p.dv_row_stride + c, dv, sdV + TileKV::offset(r, c),
+                    p.head_dim_v - c);
       }
     }
   }
@@ -157,7 +160,7 @@ __device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batc
   const T* dog = static_cast<const T*>(p.dout) + batch * p.do_batch_stride +
                  head * p.do_head_stride + row0 * p.do_row_stride;
   load_tile<TileQ, kThreads>(sQ, qg, p.q_row_stride, seq.seqlen_q - m0, p.head_dim, tid);
-  load_tile<TileQ, kThreads>(sdO, dog, p.do_row_stride, seq.seqlen_q - m0, p.head_dim, tid);
+  load_tile<TileQ, kThreads>(sdO, dog, p.do_row_stride, seq.seqlen_q - m0, p.head_dim_v, tid);
   constexpr int kChunks = kBlockM / 4;  // 16-byte chunks per statistic
   if (tid < 2 * kChunks) {
     const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;

@@ -43,7 +43,7 @@ __device__ __forceinline__ uint32_t spoiled_rows(const float (&acc)[kMTiles * kD
 }
 
 // Warp-wide: query `row` of (batch, head) computed again into row `stage_row` of the swizzled
-// staging tile (columns [0, head_dim)), with lse2 = the row's LSE * log2(e).
+// staging tile (columns [0, head_dim_v)), with lse2 = the row's LSE * log2(e).
 template <class T, class Tile, int kHeadDim>
 __device__ __noinline__ void recompute_row(const cuda::FwdParams& p, int batch, int head, int row,
                                            float lse2, T* stage, int stage_row) {
@@ -86,13 +86,13 @@ __device__ __noinline__ void recompute_row(const cuda::FwdParams& p, int batch, 
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane + 32 * i;
-      if (c < p.head_dim) o[i] = fmaf(pj, static_cast<float>(vj[c]), o[i]);
+      if (c < p.head_dim_v) o[i] = fmaf(pj, static_cast<float>(vj[c]), o[i]);
     }
   }
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
-    if (c < p.head_dim) stage[Tile::offset(stage_row, c)] = static_cast<T>(o[i]);
+    if (c < p.head_dim_v) stage[Tile::offset(stage_row, c)] = static_cast<T>(o[i]);
   }
 }
 

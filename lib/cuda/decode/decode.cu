@@ -85,11 +85,11 @@ DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
   const bool left_bound = p.window_left >= 0 && p.window_left < p.seqlen_q + p.seqlen_k;
   const bool one_range = p.seqlen_q == 1 || (!left_bound && (p.window_right < 0 ||
                                                              p.window_right >= p.seqlen_q - 1));
-  if (p.dtype == DType::F32 || !have_dtype(p.dtype) || p.head_dim_v != p.head_dim ||
+  if (p.dtype == DType::F32 || !have_dtype(p.dtype) ||
       p.seqlen_q * group > decode::kRows || p.seqlen_q < 1 || !one_range) {
     return plan;
   }
-  plan.head_dim = padded_dim(p.head_dim);
+  plan.head_dim = padded_dim(std::max(p.head_dim, p.head_dim_v));  // the larger decides
   const int smem = smem_bytes(plan.head_dim);
   if (smem == 0 || static_cast<size_t>(smem) > dev.smem_per_block_optin) return plan;
   plan.applies = true;

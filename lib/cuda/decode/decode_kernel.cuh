@@ -127,14 +127,14 @@ __global__ void __launch_bounds__(kThreads)
       common::load_tile<TileKV, kThreads>(sK, k_rows.row(n0), p.k_row_stride, k_valid,
                                           p.head_dim, tid);
       common::load_tile<TileKV, kThreads, true>(sV, v_rows.row(n0), p.v_row_stride, v_valid,
-                                                p.head_dim, tid, v_from);
+                                                p.head_dim_v, tid, v_from);
     } else {
       const T* any_k = static_cast<const T*>(p.k);
       const T* any_v = static_cast<const T*>(p.v);
       common::load_tile_rows<TileKV, kThreads>(
           sK, [&](int r) { return k_rows.row(n0 + r); }, k_valid, p.head_dim, tid, any_k);
       common::load_tile_rows<TileKV, kThreads, true>(
-          sV, [&](int r) { return v_rows.row(n0 + r); }, v_valid, p.head_dim, tid, any_v,
+          sV, [&](int r) { return v_rows.row(n0 + r); }, v_valid, p.head_dim_v, tid, any_v,
           v_from);
     }
   };
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int idx = tid; idx < kRows * kHeadDim; idx += kThreads) {
     const int r = idx / kHeadDim, c = idx % kHeadDim;
     const PackedRow pr = packed_row(p, r, head_kv, seq.seqlen_q);
-    if (!pr.valid || c >= p.head_dim) continue;
+    if (!pr.valid || c >= p.head_dim_v) continue;
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, state[w * Cfg::kWarpStateFloats + kRows * kHeadDim + r]);
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kThreads)
                                           head * p.lse_head_stride +
                                           int64_t(seq.offset_q + token) * p.lse_row_stride;
   if (m == -INFINITY) {
-    for (int c = lane; c < p.head_dim; c += 32) out[c] = static_cast<T>(0.0f);
+    for (int c = lane; c < p.head_dim_v; c += 32) out[c] = static_cast<T>(0.0f);
     if (lane == 0 && lse_out != nullptr) *lse_out = -INFINITY;
     return;
   }
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = ch * 4 + e;
-      if (c < p.head_dim) out[c] = static_cast<T>(vals[e]);
+      if (c < p.head_dim_v) out[c] = static_cast<T>(vals[e]);
     }
   }
   if (lane == 0 && lse_out != nullptr) *lse_out = lse;

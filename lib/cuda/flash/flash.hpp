@@ -24,13 +24,17 @@ struct DeviceInfo {
 // nullptr when the flash kernels can run p on dev, else a static sentence saying why not.
 const char* flash_unsupported_reason(const Problem& p, bool backward, const DeviceInfo& dev);
 
-// Layout requirements that only the call's views can answer (alignment of data and strides);
-// nullptr when met, else a static sentence saying what is required.
+// Layout requirements that only the call's views can answer: a KV cache's rows must be
+// 16-byte aligned (other views are copied to aligned rows); nullptr when met, else a static
+// sentence saying what is required.
 const char* flash_unsupported_layout(const ForwardArgs& a);
-const char* flash_unsupported_layout(const BackwardArgs& a);
 
-// Device scratch bytes the flash forward/backward need for p (0: none).
+// Device scratch bytes the flash forward/backward need for p (0: none), the copies of the views
+// p.unaligned_rows names included; and for a call's own views (its data pointers and outputs,
+// which a query may not have been shown).
 size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev);
+size_t flash_call_workspace_size(const ForwardArgs& a, const DeviceInfo& dev);
+size_t flash_call_workspace_size(const BackwardArgs& a, const DeviceInfo& dev);
 
 // Enqueue on `stream`. No allocation, no synchronization. The workspace is at least
 // flash_workspace_size bytes of device memory.

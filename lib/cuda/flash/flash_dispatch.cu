@@ -1,6 +1,7 @@
 // Chooses and launches the flash kernel for a problem from the generated kernel table
 // (lib/cuda/generate.py): by device capability, dtype and padded head dim. What this build did
 // not compile answers "unsupported", never a link error.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "cuda/sm80/fwd_config.cuh"
 #include "cuda/sm90/bwd_config.cuh"
 #include "cuda/sm90/fwd_config.cuh"
+#include "cuda/staging/staging.hpp"
 
 namespace flashattn {
 namespace cuda {
@@ -128,15 +130,18 @@ int smem_of(const Kernel<Launcher>* k) {
 }
 
 // The bytes from the output's first element to one past its last ([batch, seqlen_q, heads_q,
-// head_dim]; strides are non-negative).
+// head_dim_v]; strides are non-negative).
 size_t output_bytes(const Tensor4& o, const Problem& pr) {
   const int64_t rows = pr.varlen ? pr.total_q : pr.seqlen_q;  // a packed batch: batch stride 0
   const int64_t last = (pr.batch - 1) * o.stride_batch + (rows - 1) * o.stride_seq +
-                       (pr.heads_q - 1) * o.stride_head + pr.head_dim - 1;
+                       (pr.heads_q - 1) * o.stride_head + pr.head_dim_v - 1;
   return static_cast<size_t>(last + 1) * dtype_size(pr.dtype);
 }
 
 LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count}; }
+
+// A kernel is compiled for one head dim, which holds q's and v's: the larger decides.
+int64_t kernel_head_dim(const Problem& p) { return std::max(p.head_dim, p.head_dim_v); }
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {
@@ -155,7 +160,7 @@ int64_t bwd_keys_rounded(int64_t seqlen_k) { return (seqlen_k + 127) / 128 * 128
 BwdWorkspace bwd_workspace(const Problem& p) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
                       static_cast<size_t>(bwd_rows_rounded(p.seqlen_q));
-  const size_t hdim = static_cast<size_t>(padded_head_dim(kBwdKernels, p.dtype, p.head_dim));
+  const size_t hdim = static_cast<size_t>(padded_head_dim(kBwdKernels, p.dtype, kernel_head_dim(p)));
   BwdWorkspace w;
   w.dq_accum = 0;
   w.dsum = align256(rows * hdim * 4);
@@ -174,16 +179,18 @@ BwdWorkspace bwd_workspace(const Problem& p) {
   return w;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-bool strides_ok(const Tensor4& t) {
-  return t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 && t.stride_head % 8 == 0;
+// Views are copied to aligned rows (cuda/staging) except a KV cache's, which is read and
+// appended in place.
+constexpr uint32_t kCacheCallViews = kRowsQ | kRowsK | kRowsV | kRowsOut;
+bool cache_rows_aligned(const Problem& p, uint32_t unaligned_rows) {
+  return p.head_dim % kGranuleElems == 0 && p.head_dim_v % kGranuleElems == 0 &&
+         (unaligned_rows & kCacheCallViews) == 0;
 }
-bool layout_ok(const Tensor4& t) { return aligned16(t.data) && strides_ok(t); }
-
-constexpr const char* kLayoutReason =
-    "the flash CUDA kernels need 16-byte aligned rows: every data pointer 16-byte aligned and "
-    "the batch, seqlen and heads strides multiples of 8 elements (copy the tensor to a "
-    "contiguous layout with head_dim padded to a multiple of 8)";
+constexpr const char* kCacheLayoutReason =
+    "a KV cache on CUDA needs 16-byte aligned rows in q, the cache and out: head dims that are "
+    "multiples of 8, data pointers 16-byte aligned, batch (page), seqlen and heads strides "
+    "multiples of 8 elements (other views are copied to aligned rows; a cache is appended in "
+    "place)";
 
 }  // namespace
 
@@ -198,9 +205,8 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
     return p.dtype == DType::F16 ? "this build has no float16 flash kernels (see FLASHATTN_DTYPES)"
                                  : "this build has no bfloat16 flash kernels (see FLASHATTN_DTYPES)";
   }
-  // Variants not built into the kernels yet.
-  if (p.head_dim_v != p.head_dim) {
-    return "a head_dim of v that differs from q's is not implemented yet";
+  if (p.kv_cache != KvCache::None && !cache_rows_aligned(p, p.unaligned_rows)) {
+    return kCacheLayoutReason;
   }
   // The decode kernel reads pages (common/kv_rows.cuh); the tiled kernels address K and V by
   // strides (TMA on Hopper) and take contiguous caches only.
@@ -209,8 +215,9 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
            "most 16, every key visible to all of a sequence's queries or to none); more query "
            "rows against pages are not implemented on CUDA yet (a contiguous cache is)";
   }
-  const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, p.head_dim))
-                            : smem_of(choose(kFwdKernels, dev, p.dtype, p.head_dim));
+  const int64_t hdim = kernel_head_dim(p);
+  const int smem = backward ? smem_of(choose(kBwdKernels, dev, p.dtype, hdim))
+                            : smem_of(choose(kFwdKernels, dev, p.dtype, hdim));
   if (smem == 0) {
     return "this build has no flash kernel for a head_dim this large (see FLASHATTN_HEAD_DIMS)";
   }
@@ -221,24 +228,38 @@ const char* flash_unsupported_reason(const Problem& p, bool backward, const Devi
 }
 
 const char* flash_unsupported_layout(const ForwardArgs& a) {
-  if (!layout_ok(a.q) || !layout_ok(a.k) || !layout_ok(a.v) || !layout_ok(a.out)) {
-    return kLayoutReason;
-  }
-  return nullptr;
+  if (a.problem.kv_cache == KvCache::None) return nullptr;
+  return cache_rows_aligned(a.problem, unaligned_rows_of(a)) ? nullptr : kCacheLayoutReason;
 }
 
-const char* flash_unsupported_layout(const BackwardArgs& a) {
-  for (const Tensor4* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv}) {
-    if (!layout_ok(*t)) return kLayoutReason;
-  }
-  return nullptr;
-}
+namespace {
 
-size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
+// The workspace of the kernels themselves, for the problem they see (after any copies).
+size_t kernel_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
   if (backward) return bwd_workspace(p).total;
   // q's rotated copy (a KV cache with rotary tables) first, then the split keys' partials.
   const DecodePlan decode = plan_decode(p, dev);
   return rotated_q_bytes(p) + (decode.applies ? decode.workspace_bytes : 0);
+}
+
+}  // namespace
+
+// The copies of unaligned views (cuda/staging) first, then the kernels' own workspace.
+size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
+  const Staging s = plan_staging(p, backward);
+  return s.bytes + kernel_workspace_size(staged_problem(p, s), backward, dev);
+}
+
+size_t flash_call_workspace_size(const ForwardArgs& a, const DeviceInfo& dev) {
+  Problem p = a.problem;
+  p.unaligned_rows = unaligned_rows_of(a);
+  return flash_workspace_size(p, false, dev);
+}
+
+size_t flash_call_workspace_size(const BackwardArgs& a, const DeviceInfo& dev) {
+  Problem p = a.problem;
+  p.unaligned_rows = unaligned_rows_of(a);
+  return flash_workspace_size(p, true, dev);
 }
 
 namespace {
@@ -282,6 +303,7 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
   p.heads_kv = static_cast<int>(pr.heads_kv);
   p.group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.head_dim = static_cast<int>(pr.head_dim);
+  p.head_dim_v = static_cast<int>(pr.head_dim_v);
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(static_cast<double>(pr.scale) * 1.4426950408889634);
   p.causal = pr.causal;
@@ -303,8 +325,11 @@ void fill_common(Params& p, const Problem& pr, const Tensor4& q, const Tensor4& 
 
 }  // namespace
 
-cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspace_size,
-                          const DeviceInfo& dev, cudaStream_t stream) {
+namespace {
+
+// The kernels on views they can take in place (aligned rows, or a KV cache).
+cudaError_t kernel_forward(const ForwardArgs& a, void* workspace, size_t workspace_size,
+                           const DeviceInfo& dev, cudaStream_t stream) {
   const Problem& pr = a.problem;
   FwdParams p{};
   fill_common(p, pr, a.q, a.k, a.v, a.out, a.lse, a.variants);
@@ -336,7 +361,7 @@ cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspac
     return launch_decode(p, pr.dtype, decode, workspace, stream);
   }
   if (pr.kv_cache == KvCache::Paged) return cudaErrorNotSupported;  // refused before (above)
-  const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, pr.head_dim);
+  const Kernel<FwdLauncher>* k = choose(kFwdKernels, dev, pr.dtype, kernel_head_dim(pr));
   if (k == nullptr) return cudaErrorNotSupported;
   const cudaError_t err = k->launch(p, launch_info(dev), stream);
   if (err == cudaSuccess && k->arch == Arch::Sm90) {
@@ -348,8 +373,8 @@ cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspac
   return fallback == nullptr ? err : fallback->launch(p, launch_info(dev), stream);
 }
 
-cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
-                           const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t kernel_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
+                            const DeviceInfo& dev, cudaStream_t stream) {
   const Problem& pr = a.problem;
   const BwdWorkspace w = bwd_workspace(pr);
   if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
@@ -383,10 +408,47 @@ cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t worksp
   p.seqlen_q_rounded = static_cast<int>(bwd_rows_rounded(pr.seqlen_q));
   p.seqlen_k_rounded = static_cast<int>(bwd_keys_rounded(pr.seqlen_k));
   p.deterministic = pr.deterministic;
-  const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, pr.dtype, pr.head_dim);
+  const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, pr.dtype, kernel_head_dim(pr));
   if (k == nullptr) return cudaErrorNotSupported;
   p.head_dim_padded = k->head_dim;
   return k->launch(p, launch_info(dev), stream);
+}
+
+// Unaligned views through their copies: in, the kernels on the copies, out. The copies lie at
+// the workspace's start, the kernels' workspace after them.
+template <class Args, class Kernels>
+cudaError_t staged_call(const Args& user, bool backward, void* workspace, size_t workspace_size,
+                        cudaStream_t stream, Kernels kernels) {
+  Problem actual = user.problem;
+  actual.unaligned_rows = unaligned_rows_of(user);
+  const Staging s = plan_staging(actual, backward);
+  if (!s.any()) return kernels(user, workspace, workspace_size);
+  if (workspace == nullptr || workspace_size < s.bytes) return cudaErrorInvalidValue;
+  Args staged = user;
+  staged.problem = actual;
+  cudaError_t e = stage_inputs(s, workspace, staged, stream);
+  if (e != cudaSuccess) return e;
+  e = kernels(staged, static_cast<char*>(workspace) + s.bytes, workspace_size - s.bytes);
+  if (e != cudaSuccess) return e;
+  return unstage_outputs(s, staged, user, stream);
+}
+
+}  // namespace
+
+cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspace_size,
+                          const DeviceInfo& dev, cudaStream_t stream) {
+  return staged_call(a, false, workspace, workspace_size, stream,
+                     [&](const ForwardArgs& k, void* ws, size_t size) {
+                       return kernel_forward(k, ws, size, dev, stream);
+                     });
+}
+
+cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
+                           const DeviceInfo& dev, cudaStream_t stream) {
+  return staged_call(a, true, workspace, workspace_size, stream,
+                     [&](const BackwardArgs& k, void* ws, size_t size) {
+                       return kernel_backward(k, ws, size, dev, stream);
+                     });
 }
 
 }  // namespace cuda

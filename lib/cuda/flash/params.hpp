@@ -56,7 +56,9 @@ struct FwdParams : VariantParams, CacheParams {
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
-  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
+  // head_dim: of q and k; head_dim_v: of v and o. A kernel compiled for a head dim holds the
+  // larger; the columns past each one's own are zero-filled on load and never stored.
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim, head_dim_v;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   bool causal;       // the mask's right bound is the diagonal (the tile order's choice)
@@ -90,6 +92,7 @@ struct BwdParams : VariantParams {
   float* lse_log2;
   int* dq_semaphore;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group, head_dim;
+  int head_dim_v;  // of v, o, dout and dv (head_dim: of q, k, dq and dk)
   int seqlen_q_rounded, seqlen_k_rounded, head_dim_padded;
   float scale;
   float scale_log2;

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
     T* og = out_rows(tile, seq);
     float* lse_g = lse_rows(tile, seq);
     common::write_empty_block<T, kBlockM, kHeadDim, Cfg::kNThreads>(
-        og, p.o_row_stride, lse_g, p.lse_row_stride, rows, p.head_dim, tid);
+        og, p.o_row_stride, lse_g, p.lse_row_stride, rows, p.head_dim_v, tid);
     return;
   }
 
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
       common::cp_async_wait<0>();
       __syncthreads();  // K tile landed; every warp is done with the previous V tile
       common::load_tile<TileKV, Cfg::kNThreads>(sV, vg + int64_t(n0) * p.v_row_stride,
-                                                p.v_row_stride, seq.seqlen_k - n0, p.head_dim, tid);
+                                                p.v_row_stride, seq.seqlen_k - n0, p.head_dim_v, tid);
       common::cp_async_commit();
 
       // S = Q K^T for this warp's rows.
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads)
       p, here.batch, here.head, m0, warp_row0 + g, acc_o, inv, lse, sQ);
   common::write_lse<kMTiles>(lse_g, p.lse_row_stride, lse, warp_row0 + g, rows_out, t);
   __syncthreads();
-  common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows_out, p.head_dim, tid);
+  common::store_tile<TileQ, Cfg::kNThreads>(og, p.o_row_stride, sQ, rows_out, p.head_dim_v, tid);
 }
 
 // Launches the kernel for one (dtype, padded head dim). Returns the launch's error.

@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         common::store_rows<TileQ, 128>(
             static_cast<T*>(p.o) + c.head * p.o_head_stride +
                 int64_t(rows_of.offset_q + wg_m0) * p.o_row_stride,
-            p.o_row_stride, stage, 64 * cwg, wg_rows, p.head_dim, tid);
+            p.o_row_stride, stage, 64 * cwg, wg_rows, p.head_dim_v, tid);
         named_barrier_sync(wg_barrier, 128);  // every read of the staged rows is done
       }
       if (leader) {
@@ -398,7 +398,9 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
   // A TMA store past a row's last column writes the rest of its 16-byte granule (measured on
   // the H200: head_dim 33 in rows padded to 40 had columns 33..39 overwritten), so rows that
   // end inside a granule go to the sm80 kernel, which stores them element by element.
-  if (p.head_dim % kTmaGranuleElems != 0) return cudaErrorNotSupported;
+  if (p.head_dim % kTmaGranuleElems != 0 || p.head_dim_v % kTmaGranuleElems != 0) {
+    return cudaErrorNotSupported;
+  }
   FwdTmaArgs args{};
   args.p = p;
   // A packed variable-length batch is one entry of total rows (FwdTile).
@@ -410,9 +412,9 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
                         p.q_row_stride, p.q_head_stride, p.q_batch_stride};
   const TensorMapView k{p.k, kBf16, p.head_dim, rows_k, p.heads_kv, entries,
                         p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const TensorMapView v{p.v, kBf16, p.head_dim, rows_k, p.heads_kv, entries,
+  const TensorMapView v{p.v, kBf16, p.head_dim_v, rows_k, p.heads_kv, entries,
                         p.v_row_stride, p.v_head_stride, p.v_batch_stride};
-  const TensorMapView o{p.o, kBf16, p.head_dim, rows_q, p.heads_q, entries,
+  const TensorMapView o{p.o, kBf16, p.head_dim_v, rows_q, p.heads_q, entries,
                         p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   if (!encode_tensor_map(&args.q, q, Cfg::kBlockM) ||
       !encode_tensor_map(&args.k, k, Cfg::kBlockN) ||
