@@ -28,6 +28,10 @@
 //                                                 GB/s of the bytes it must move, for decode
 //                                                 (split-KV) and long-sequence shapes; alone, it
 //                                                 skips the attention tables
+//                  [--layouts]                    head dim 100 (rows off 16 bytes, copied
+//                                                 aligned), d 192 / dv 128, d 128 / dv 64 and
+//                                                 packed QKV beside plain d128; with --no-sweep
+//                                                 --no-gpt2, only these
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -56,7 +60,7 @@ struct Config {
   std::vector<int64_t> dims = {64, 128, 256};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<int> causal = {0, 1};
-  bool sweep = true, gpt2 = true, merge = false;
+  bool sweep = true, gpt2 = true, merge = false, layouts = false;
   int reps = 10, warmup = 3, device = 0;
   std::string csv;
   bool window = false;
@@ -72,7 +76,11 @@ struct Shape {
   bool window = false;  // the sweep's variants (Config)
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
+  int64_t dv = 0;       // head dim of v and out; 0: d
+  bool packed = false;  // q, k, v as views of one [b, n, 3, h, d] tensor (packed QKV)
 };
+
+int64_t dv_of(const Shape& s) { return s.dv > 0 ? s.dv : s.d; }
 
 // One measurement: a median time, or why there is none.
 struct Measure {
@@ -146,6 +154,7 @@ Config parse(int argc, char** argv) {
     } else if (a == "--no-sweep") c.sweep = false;
     else if (a == "--no-gpt2") c.gpt2 = false;
     else if (a == "--merge") c.merge = true;
+    else if (a == "--layouts") c.layouts = true;
     else if (a == "--reps") c.reps = std::max(1, std::atoi(next()));
     else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next()));
     else if (a == "--device") c.device = std::atoi(next());
@@ -212,9 +221,11 @@ double diff(const void* a, const void* b, size_t n, flashattn_dtype_t t, unsigne
   return f;
 }
 
+// 2 B H N^2 (d + dv): the two GEMMs (4 B H N^2 D when dv = d).
 double flops_fwd(const Shape& s) {
+  const double dims = 0.5 * double(s.d + dv_of(s));
   if (!s.window) {
-    const double f = 4.0 * s.b * s.h * double(s.n) * double(s.n) * s.d;
+    const double f = 4.0 * s.b * s.h * double(s.n) * double(s.n) * dims;
     return s.causal ? f / 2 : f;
   }
   // The (query, key) pairs the window leaves visible, row by row (square, so diag = 0).
@@ -226,7 +237,7 @@ double flops_fwd(const Shape& s) {
     const int64_t hi = right < 0 ? s.n - 1 : std::min<int64_t>(s.n - 1, i + right);
     if (hi >= lo) pairs += double(hi - lo + 1);
   }
-  return 4.0 * s.b * s.h * pairs * s.d;
+  return 4.0 * s.b * s.h * pairs * dims;
 }
 
 size_t free_bytes() {
@@ -279,19 +290,28 @@ struct Views {
 
 Views views_of(const Shape& s, const Buffers& m, void* out) {
   Views w{};
-  auto t4 = [&](flashattn_tensor_t* t, void* p) {
-    if (flashattn_tensor_4d(t, p, s.dtype, s.b, s.n, s.h, s.d) != FLASHATTN_SUCCESS) {
+  auto t4 = [&](flashattn_tensor_t* t, void* p, int64_t d) {
+    if (flashattn_tensor_4d(t, p, s.dtype, s.b, s.n, s.h, d) != FLASHATTN_SUCCESS) {
       die("flashattn_tensor_4d", flashattn_last_error());
     }
   };
-  t4(&w.q, m.q);
-  t4(&w.k, m.k);
-  t4(&w.v, m.v);
-  t4(&w.o, out);
-  t4(&w.dout, m.dout);
-  t4(&w.dq, m.dq);
-  t4(&w.dk, m.dk);
-  t4(&w.dv, m.dv);
+  const int64_t dv = dv_of(s);
+  t4(&w.q, m.q, s.d);
+  t4(&w.k, m.k, s.d);
+  t4(&w.v, m.v, dv);
+  t4(&w.o, out, dv);
+  t4(&w.dout, m.dout, dv);
+  t4(&w.dq, m.dq, s.d);
+  t4(&w.dk, m.dk, s.d);
+  t4(&w.dv, m.dv, dv);
+  if (s.packed) {  // [b, n, 3, h, d]: q, k and v one h * d apart within a row
+    for (int i = 0; i < 3; ++i) {
+      flashattn_tensor_t* t = i == 0 ? &w.q : i == 1 ? &w.k : &w.v;
+      t->data = static_cast<char*>(m.q) + size_t(i) * s.h * s.d * 2;
+      t->strides[0] = s.n * 3 * s.h * s.d;
+      t->strides[1] = 3 * s.h * s.d;
+    }
+  }
   if (flashattn_tensor_lse(&w.lse, m.lse, s.b, s.h, s.n) != FLASHATTN_SUCCESS) {
     die("flashattn_tensor_lse", flashattn_last_error());
   }
@@ -458,9 +478,12 @@ void print_row(const Shape& s, const char* algo, const Result& r, double maxdiff
     std::snprintf(variants + used, sizeof variants - used, " cap%g", s.softcap);
   }
   char shape[96];
-  std::snprintf(shape, sizeof shape, "b%lld h%lld n%lld d%lld%s%s %s",
+  char dims[40];
+  std::snprintf(dims, sizeof dims, s.dv > 0 ? "d%lld/%lld" : "d%lld", static_cast<long long>(s.d),
+                static_cast<long long>(s.dv));
+  std::snprintf(shape, sizeof shape, "b%lld h%lld n%lld %s%s%s%s %s",
                 static_cast<long long>(s.b), static_cast<long long>(s.h),
-                static_cast<long long>(s.n), static_cast<long long>(s.d),
+                static_cast<long long>(s.n), dims, s.packed ? " qkv" : "",
                 s.causal ? " causal" : "", variants, dtype_name(s.dtype));
   if (!r.unavailable.empty()) {
     std::printf("%-34s %-8s %s\n", shape, algo, r.unavailable.c_str());
@@ -490,7 +513,8 @@ struct Pair {
 
 Pair run_shape(const Config& cfg, const Shape& s, Buffers& mem, FILE* csv) {
   Pair p;
-  mem.ensure(size_t(s.b) * s.n * s.h * s.d, size_t(s.b) * s.h * s.n, s.dtype);
+  const size_t widest = size_t(s.b) * s.n * s.h * std::max(s.d, dv_of(s));
+  mem.ensure(s.packed ? 3 * widest : widest, size_t(s.b) * s.h * s.n, s.dtype);
   if (cfg.standard) {
     p.standard = run_algo(cfg, s, mem, FLASHATTN_ALGORITHM_STANDARD);
     p.has_standard = true;
@@ -502,7 +526,7 @@ Pair run_shape(const Config& cfg, const Shape& s, Buffers& mem, FILE* csv) {
   double maxdiff = -1.0;
   if (p.has_flash && p.has_standard && p.flash.unavailable.empty() &&
       p.standard.unavailable.empty()) {
-    maxdiff = diff(mem.o, mem.o_std, size_t(s.b) * s.n * s.h * s.d, s.dtype, mem.scratch);
+    maxdiff = diff(mem.o, mem.o_std, size_t(s.b) * s.n * s.h * dv_of(s), s.dtype, mem.scratch);
   }
   if (p.has_flash) {
     print_row(s, "flash", p.flash, maxdiff);
@@ -661,6 +685,30 @@ int main(int argc, char** argv) {
                     p.standard.fwdbwd.ms / p.flash.fwdbwd.ms, ms, mf);
       }
     }
+  }
+  if (cfg.layouts) {
+    // Head dims and layouts beside the plain d128 (bf16 or --dtype, 16k tokens): a head dim off
+    // the 8-element granule (its rows are copied aligned), a v of its own head dim, packed QKV.
+    std::printf("Layouts: head dim 100 (hidden 2000), d 192 with dv 128, d 128 with dv 64, packed "
+                "QKV; TFLOP/s count 2*B*H*N^2*(d + dv)\n");
+    print_header();
+    for (int causal : cfg.causal) {
+      for (int64_t n : {4096, 16384}) {
+        Shape base{"layouts", 16384 / n, n, 16, 128, causal != 0, cfg.dtype};
+        Shape d100 = base;
+        d100.h = 20;
+        d100.d = 100;
+        Shape d192 = base;
+        d192.d = 192;
+        d192.dv = 128;
+        Shape d128v64 = base;
+        d128v64.dv = 64;
+        Shape qkv = base;
+        qkv.packed = true;
+        for (const Shape& s : {base, d100, d192, d128v64, qkv}) run_shape(cfg, s, mem, csv);
+      }
+    }
+    std::printf("\n");
   }
   if (cfg.merge) run_merge(cfg, csv);
   mem.release();
