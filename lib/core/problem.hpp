@@ -111,9 +111,13 @@ enum RowView : uint32_t {
 // Does every row of the view start on a 16-byte boundary (its data pointer, and its batch, row
 // and head strides in bytes)? A null pointer (a query's) counts as aligned.
 inline bool rows_aligned16(const Tensor4& t, DType dtype) {
-  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
-  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.stride_batch * es) % 16 == 0 &&
-         (t.stride_seq * es) % 16 == 0 && (t.stride_head * es) % 16 == 0;
+  // In unsigned arithmetic, whose wrap-around keeps every residue mod 16 (strides may be huge).
+  const uint64_t es = dtype_size(dtype);
+  const uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data)) |
+                        static_cast<uint64_t>(t.stride_batch) * es |
+                        static_cast<uint64_t>(t.stride_seq) * es |
+                        static_cast<uint64_t>(t.stride_head) * es;
+  return bits % 16 == 0;
 }
 
 // The [batch, heads_q, seqlen_q] fp32 log-sum-exp. data may be null in the forward (not wanted).

@@ -1,6 +1,7 @@
 #include "cuda/staging/staging.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <tuple>
 #include <utility>
 
@@ -206,9 +207,18 @@ Staging plan_staging(const Problem& p, bool backward) {
   }
   for (RowView v : kAllViews) {
     if (!s.has(v)) continue;
+    const RowsOf g = rows_of(p, v);
     const int64_t dim = value_dim(v) ? s.head_dim_v : s.head_dim;
     s.offset[bit_index(v)] = s.bytes;
-    s.bytes += align_up(static_cast<size_t>(rows_of(p, v).count() * dim) * dtype_size(p.dtype));
+    // Saturating: a size past size_t makes the workspace query answer OUT_OF_MEMORY.
+    size_t bytes = dtype_size(p.dtype);
+    for (int64_t f : {g.entries, g.rows, g.heads, dim}) {
+      if (__builtin_mul_overflow(bytes, static_cast<size_t>(f), &bytes)) bytes = SIZE_MAX;
+    }
+    if (bytes > SIZE_MAX - kAlign || __builtin_add_overflow(s.bytes, align_up(bytes), &s.bytes)) {
+      s.bytes = SIZE_MAX;
+      return s;
+    }
   }
   return s;
 }
