@@ -690,7 +690,7 @@ int main(int argc, char** argv) {
     // Head dims and layouts beside the plain d128 (bf16 or --dtype, 16k tokens): a head dim off
     // the 8-element granule (its rows are copied aligned), a v of its own head dim, packed QKV.
     std::printf("Layouts: head dim 100 (hidden 2000), d 192 with dv 128, d 128 with dv 64, packed "
-                "QKV; TFLOP/s count 2*B*H*N^2*(d + dv)\n");
+                "QKV, d 96, d 192 (16 heads); TFLOP/s count 2*B*H*N^2*(d + dv)\n");
     print_header();
     for (int causal : cfg.causal) {
       for (int64_t n : {4096, 16384}) {
@@ -705,7 +705,13 @@ int main(int argc, char** argv) {
         d128v64.dv = 64;
         Shape qkv = base;
         qkv.packed = true;
-        for (const Shape& s : {base, d100, d192, d128v64, qkv}) run_shape(cfg, s, mem, csv);
+        Shape d96 = base;
+        d96.d = 96;
+        Shape d192p = base;
+        d192p.d = 192;
+        for (const Shape& s : {base, d100, d192, d128v64, qkv, d96, d192p}) {
+          run_shape(cfg, s, mem, csv);
+        }
       }
     }
     std::printf("\n");

@@ -28,7 +28,7 @@ using namespace gpu_variants;
 // One row per variant; a column per algorithm or kernel family and pass. Y: expected to be
 // supported (UNSUPPORTED fails the case); N: not yet (UNSUPPORTED is reported as skipped).
 // "flash sm90" are the Hopper kernels (on an H200 without FLASHATTN_TEST_FORCE_SM80; its backward
-// at head dims 96 and 192 is the sm80 one), "flash sm80" the mma.sync kernels (every other
+// at head dims 96 and 192 the kernel of the next larger one), "flash sm80" the mma.sync kernels (every other
 // device, and Hopper with FLASHATTN_TEST_FORCE_SM80=1 in a FLASHATTN_TEST_HOOKS build). A case
 // is expected to run a pass when every variant it uses is expected there.
 namespace {

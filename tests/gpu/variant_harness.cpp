@@ -198,22 +198,15 @@ const DeviceKind& device_kind() {
   return k;
 }
 
-// The fast path a head dim runs on (FLASHATTN_HEAD_DIMS' default: 64, 96, 128, 192, 256).
-int64_t padded_head_dim(int64_t d) {
-  for (int64_t p : {64, 96, 128, 192, 256})
-    if (d <= p) return p;
-  return 256;
-}
-
 }  // namespace
 
 Family family_of(flashattn_algorithm_t algorithm, Pass pass, const Case& c) {
   if (algorithm == FLASHATTN_ALGORITHM_STANDARD) return Family::Standard;
   const DeviceKind& k = device_kind();
   if (!k.hopper || (k.env_forced && k.hooks)) return Family::FlashSm80;
-  if (pass == Pass::Forward) return Family::FlashSm90;
-  const int64_t p = padded_head_dim(std::max(c.d, c.head_dim_v()));
-  return p == 64 || p == 128 || p == 256 ? Family::FlashSm90 : Family::FlashSm80;
+  (void)pass;
+  (void)c;
+  return Family::FlashSm90;
 }
 
 void print_family_banner() {
@@ -221,7 +214,7 @@ void print_family_banner() {
   const char* flash = !k.hopper ? "sm80 kernels (not a Hopper device)"
                       : k.env_forced && k.hooks
                           ? "sm80 kernels (FLASHATTN_TEST_FORCE_SM80=1)"
-                          : "Hopper kernels (the sm80 backward at head dims 96 and 192)";
+                          : "Hopper kernels";
   std::printf("variants: flash passes judged as the %s", flash);
   if (k.env_forced && !k.hooks) {
     std::printf(
@@ -412,6 +405,7 @@ class Placement {
     if (device_) {
       *mem = gpu_test::DeviceMemory(bytes);
       GPU_CUDA_OK(cudaMemcpy(mem->get(), cu.data(), bytes, cudaMemcpyHostToDevice));
+      GPU_CUDA_OK(cudaStreamSynchronize(nullptr));  // as DeviceSet::upload
       t.data = mem->get();
     } else {
       t.data = const_cast<int32_t*>(cu.data());

@@ -99,10 +99,9 @@ bool expected(Family f, Pass p, Variant v);
 bool expected_for(Family f, Pass p, const Case& c);
 
 // The family that runs a pass of `algorithm` on device 0. The flash path on Hopper (sm_90) runs
-// the Hopper kernels, except that the Hopper backward exists for head dims 64, 128 and 256 only
-// (after padding to a fast path; lib/cuda/generate.py's KERNELS table), so that 96 and 192 run
-// the sm80 backward there; on other devices, and with FLASHATTN_TEST_FORCE_SM80=1 in a
-// FLASHATTN_TEST_HOOKS build, the sm80 (mma.sync) kernels run. With d != dv the larger decides.
+// the Hopper kernels (the backward, which exists for head dims 64, 128 and 256, on the next
+// larger one for 96 and 192); on other devices, and with FLASHATTN_TEST_FORCE_SM80=1 in a
+// FLASHATTN_TEST_HOOKS build, the sm80 (mma.sync) kernels run.
 Family family_of(flashattn_algorithm_t algorithm, Pass pass, const Case& c);
 // The line the suite prints first: the device, whether the sm80 kernels are forced.
 void print_family_banner();

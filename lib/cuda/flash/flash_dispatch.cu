@@ -120,8 +120,19 @@ const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceI
                                DType dtype, int64_t head_dim) {
   const int padded = padded_head_dim(table, dtype, head_dim);
   if (padded == 0) return nullptr;
-  const Kernel<Launcher>* k = find(table, device_arch(dev), dtype, padded);
-  return k != nullptr ? k : find(table, Arch::Sm80, dtype, padded);
+  const Arch arch = device_arch(dev);
+  const Kernel<Launcher>* k = find(table, arch, dtype, padded);
+  if (k != nullptr || arch == Arch::Sm80) return k;
+  // The device's family has no kernel at this head dim (the Hopper backward: 96, 192): its
+  // next larger one, computing zero columns, outruns the sm80 kernel (kernel-log run 69).
+  const Kernel<Launcher>* larger = nullptr;
+  for (const Kernel<Launcher>& c : table) {
+    if (c.launch != nullptr && c.arch == arch && c.dtype == dtype && c.head_dim > padded &&
+        (larger == nullptr || c.head_dim < larger->head_dim)) {
+      larger = &c;
+    }
+  }
+  return larger != nullptr ? larger : find(table, Arch::Sm80, dtype, padded);
 }
 
 template <class Launcher>
@@ -157,10 +168,12 @@ int64_t bwd_rows_rounded(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128
 // Keys likewise, to the largest key block.
 int64_t bwd_keys_rounded(int64_t seqlen_k) { return (seqlen_k + 127) / 128 * 128; }
 
-BwdWorkspace bwd_workspace(const Problem& p) {
+BwdWorkspace bwd_workspace(const Problem& p, const DeviceInfo& dev) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
                       static_cast<size_t>(bwd_rows_rounded(p.seqlen_q));
-  const size_t hdim = static_cast<size_t>(padded_head_dim(kBwdKernels, p.dtype, kernel_head_dim(p)));
+  // The dQ accumulator's rows: the head dim of the kernel that runs.
+  const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, p.dtype, kernel_head_dim(p));
+  const size_t hdim = static_cast<size_t>(k != nullptr ? k->head_dim : 0);
   BwdWorkspace w;
   w.dq_accum = 0;
   w.dsum = align256(rows * hdim * 4);
@@ -236,7 +249,7 @@ namespace {
 
 // The workspace of the kernels themselves, for the problem they see (after any copies).
 size_t kernel_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
-  if (backward) return bwd_workspace(p).total;
+  if (backward) return bwd_workspace(p, dev).total;
   // q's rotated copy (a KV cache with rotary tables) first, then the split keys' partials.
   const DecodePlan decode = plan_decode(p, dev);
   return rotated_q_bytes(p) + (decode.applies ? decode.workspace_bytes : 0);
@@ -247,7 +260,9 @@ size_t kernel_workspace_size(const Problem& p, bool backward, const DeviceInfo& 
 // The copies of unaligned views (cuda/staging) first, then the kernels' own workspace.
 size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
   const Staging s = plan_staging(p, backward);
-  return s.bytes + kernel_workspace_size(staged_problem(p, s), backward, dev);
+  const size_t kernels = kernel_workspace_size(staged_problem(p, s), backward, dev);
+  size_t total;
+  return __builtin_add_overflow(s.bytes, kernels, &total) ? SIZE_MAX : total;
 }
 
 size_t flash_call_workspace_size(const ForwardArgs& a, const DeviceInfo& dev) {
@@ -376,7 +391,7 @@ cudaError_t kernel_forward(const ForwardArgs& a, void* workspace, size_t workspa
 cudaError_t kernel_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
                             const DeviceInfo& dev, cudaStream_t stream) {
   const Problem& pr = a.problem;
-  const BwdWorkspace w = bwd_workspace(pr);
+  const BwdWorkspace w = bwd_workspace(pr, dev);
   if (workspace_size < w.total || workspace == nullptr) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
   BwdParams p{};
