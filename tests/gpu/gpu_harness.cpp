@@ -96,6 +96,10 @@ flashattn_tensor_t DeviceSet::upload(const HostTensor& t) {
   INFO("upload of " << t.storage_bytes() << " bytes into a mirror of " << it->second.size());
   GPU_CUDA_OK(cudaMemcpy(it->second.get(), t.storage_data(), t.storage_bytes(),
                          cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the data has reached the device, and the
+  // library's streams (non-blocking) do not wait for the legacy stream: wait here, or a
+  // poisoned output can land after the call wrote it.
+  GPU_CUDA_OK(cudaStreamSynchronize(nullptr));
   return t.view_at(it->second.get());
 }
 

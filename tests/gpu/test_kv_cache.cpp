@@ -32,6 +32,7 @@ class DevicePlacement : public kv::Placement {
       it = mem_.insert_or_assign(host, gpu_test::DeviceMemory(bytes)).first;
     }
     REQUIRE(cudaMemcpy(it->second.get(), host, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);  // as DeviceSet::upload
     return it->second.get();
   }
   void fetch(void* host, size_t bytes) override {
@@ -212,6 +213,7 @@ TEST_SUITE("gpu_kv_cache") {
     for (const std::vector<int32_t>& lengths : {std::vector<int32_t>{499, 2000},
                                                 std::vector<int32_t>{1, 3000}}) {
       GPU_CUDA_OK(cudaMemcpy(lens.data, lengths.data(), lengths.size() * 4, cudaMemcpyHostToDevice));
+      GPU_CUDA_OK(cudaStreamSynchronize(nullptr));  // the lengths on the device before the replay
       GPU_CUDA_OK(cudaGraphLaunch(exec, stream));
       GPU_CUDA_OK(cudaStreamSynchronize(stream));
       std::vector<unsigned char> bytes(first.out.storage_bytes());
