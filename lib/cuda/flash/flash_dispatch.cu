@@ -74,15 +74,16 @@ const Kernel<Launcher>* find(const Kernel<Launcher> (&table)[N], Arch arch, DTyp
   return nullptr;
 }
 
-// The smallest compiled fast path that holds head_dim (the sm80 families cover every head dim
-// of the table; the Hopper ones a subset of it), or 0.
+// The compiled kernel of `arch` with the smallest head dim that holds head_dim, or null (the
+// sm80 families cover every head dim of the table; the Hopper ones a subset of it).
 template <class Launcher, size_t N>
-int padded_head_dim(const Kernel<Launcher> (&table)[N], DType dtype, int64_t head_dim) {
-  int best = 0;
+const Kernel<Launcher>* smallest_holding(const Kernel<Launcher> (&table)[N], Arch arch,
+                                         DType dtype, int64_t head_dim) {
+  const Kernel<Launcher>* best = nullptr;
   for (const Kernel<Launcher>& k : table) {
-    if (k.launch != nullptr && k.arch == Arch::Sm80 && k.dtype == dtype && k.head_dim >= head_dim &&
-        (best == 0 || k.head_dim < best)) {
-      best = k.head_dim;
+    if (k.launch != nullptr && k.arch == arch && k.dtype == dtype && k.head_dim >= head_dim &&
+        (best == nullptr || k.head_dim < best->head_dim)) {
+      best = &k;
     }
   }
   return best;
@@ -118,21 +119,14 @@ Arch device_arch(const DeviceInfo& dev) {
 template <class Launcher, size_t N>
 const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceInfo& dev,
                                DType dtype, int64_t head_dim) {
-  const int padded = padded_head_dim(table, dtype, head_dim);
-  if (padded == 0) return nullptr;
+  const Kernel<Launcher>* fast_path = smallest_holding(table, Arch::Sm80, dtype, head_dim);
   const Arch arch = device_arch(dev);
-  const Kernel<Launcher>* k = find(table, arch, dtype, padded);
-  if (k != nullptr || arch == Arch::Sm80) return k;
-  // The device's family has no kernel at this head dim (the Hopper backward: 96, 192): its
-  // next larger one, computing zero columns, outruns the sm80 kernel (kernel-log run 69).
-  const Kernel<Launcher>* larger = nullptr;
-  for (const Kernel<Launcher>& c : table) {
-    if (c.launch != nullptr && c.arch == arch && c.dtype == dtype && c.head_dim > padded &&
-        (larger == nullptr || c.head_dim < larger->head_dim)) {
-      larger = &c;
-    }
-  }
-  return larger != nullptr ? larger : find(table, Arch::Sm80, dtype, padded);
+  if (fast_path == nullptr || arch == Arch::Sm80) return fast_path;
+  // The device's family at the fast path's head dim, or where it has none there (the Hopper
+  // backward at 96 and 192) at its next larger one: computing zero columns outruns the sm80
+  // kernel (kernel-log run 69).
+  const Kernel<Launcher>* k = smallest_holding(table, arch, dtype, fast_path->head_dim);
+  return k != nullptr ? k : fast_path;
 }
 
 template <class Launcher>
