@@ -24,6 +24,10 @@
 //                  [--window L,R] [--softcap C]   the sweep with a sliding window (-1: a side
 //                                                 unbounded) or a softcap; TFLOP/s count only
 //                                                 the visible (query, key) pairs
+//                  [--alibi] [--sinks]            the sweep with ALiBi (a slope per head,
+//                                                 FlashAttention-2's 2^(-8 (h + 1) / H)) or
+//                                                 attention sinks (a logit per head; the
+//                                                 backward returns their gradient)
 //                  [--merge]                      the merge of partial results (flashattn_merge):
 //                                                 GB/s of the bytes it must move, for decode
 //                                                 (split-KV) and long-sequence shapes; alone, it
@@ -47,6 +51,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -66,6 +71,7 @@ struct Config {
   bool window = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
+  bool alibi = false, sinks = false;
 };
 
 struct Shape {
@@ -76,6 +82,7 @@ struct Shape {
   bool window = false;  // the sweep's variants (Config)
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
+  bool alibi = false, sinks = false;
   int64_t dv = 0;       // head dim of v and out; 0: d
   bool packed = false;  // q, k, v as views of one [b, n, 3, h, d] tensor (packed QKV)
 };
@@ -166,6 +173,8 @@ Config parse(int argc, char** argv) {
       c.window_left = static_cast<int>(lr[0]);
       c.window_right = static_cast<int>(lr[1]);
     } else if (a == "--softcap") c.softcap = static_cast<float>(std::atof(next()));
+    else if (a == "--alibi") c.alibi = true;
+    else if (a == "--sinks") c.sinks = true;
     else if (a == "--help" || a == "-h") {
       std::puts("see the comment at the top of examples/cuda/cuda_benchmark.cu");
       std::exit(0);
@@ -252,7 +261,28 @@ struct Buffers {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *o_std = nullptr, *dout = nullptr,
        *dq = nullptr, *dk = nullptr, *dv = nullptr;
   float* lse = nullptr;
+  float *slopes = nullptr, *sinks = nullptr, *dsinks = nullptr;  // [heads] each
+  int64_t heads = 0;
   unsigned int* scratch = nullptr;
+
+  // ALiBi slopes 2^(-8 (h + 1) / H) and sink logits (a spread of values around 0) per head.
+  void ensure_per_head(int64_t h) {
+    if (h == heads) return;
+    cudaFree(slopes);
+    cudaFree(sinks);
+    cudaFree(dsinks);
+    heads = h;
+    std::vector<float> s(h), k(h);
+    for (int64_t i = 0; i < h; ++i) {
+      s[i] = std::exp2(-8.0f * static_cast<float>(i + 1) / static_cast<float>(h));
+      k[i] = 0.25f * static_cast<float>(i % 8) - 1.0f;
+    }
+    for (float** p : {&slopes, &sinks, &dsinks}) {
+      cuda_check(cudaMalloc(p, h * sizeof(float)), "cudaMalloc (per-head tensors)");
+    }
+    cuda_check(cudaMemcpy(slopes, s.data(), h * sizeof(float), cudaMemcpyHostToDevice), "slopes");
+    cuda_check(cudaMemcpy(sinks, k.data(), h * sizeof(float), cudaMemcpyHostToDevice), "sinks");
+  }
 
   void ensure(size_t n, size_t n_lse, flashattn_dtype_t t) {
     if (n <= elems && n_lse <= lse_elems) {
@@ -280,12 +310,16 @@ struct Buffers {
     for (void* p : {q, k, v, o, o_std, dout, dq, dk, dv}) cudaFree(p);
     cudaFree(lse);
     cudaFree(scratch);
+    for (float* p : {slopes, sinks, dsinks}) cudaFree(p);
+    slopes = sinks = dsinks = nullptr;
+    heads = 0;
     elems = lse_elems = 0;
   }
 };
 
 struct Views {
   flashattn_tensor_t q, k, v, o, dout, dq, dk, dv, lse;
+  flashattn_tensor_t slopes, sinks, dsinks;  // [heads] FLOAT32, when the shape has them
 };
 
 Views views_of(const Shape& s, const Buffers& m, void* out) {
@@ -315,6 +349,17 @@ Views views_of(const Shape& s, const Buffers& m, void* out) {
   if (flashattn_tensor_lse(&w.lse, m.lse, s.b, s.h, s.n) != FLASHATTN_SUCCESS) {
     die("flashattn_tensor_lse", flashattn_last_error());
   }
+  auto per_head = [&](flashattn_tensor_t* t, float* p) {
+    *t = flashattn_tensor_t{};
+    t->data = p;
+    t->dtype = FLASHATTN_DTYPE_FLOAT32;
+    t->rank = 1;
+    t->shape[0] = s.h;
+    t->strides[0] = 1;
+  };
+  per_head(&w.slopes, m.slopes);
+  per_head(&w.sinks, m.sinks);
+  per_head(&w.dsinks, m.dsinks);
   return w;
 }
 
@@ -377,14 +422,31 @@ Result run_algo(const Config& cfg, const Shape& s, Buffers& mem, flashattn_algor
   const size_t free_created = free_bytes();
 
   const bool need_bwd = cfg.bwd || cfg.fwdbwd;
-  if (flashattn_supported(ctx, &w.q, &w.k, &w.v, &opts, 0) != FLASHATTN_SUCCESS) {
+  // One argument struct for both directions (the forward reads none of the gradients).
+  flashattn_args_t args = FLASHATTN_ARGS_INIT;
+  args.options = &opts;
+  args.q = &w.q;
+  args.k = &w.k;
+  args.v = &w.v;
+  args.out = &w.o;
+  args.lse = &w.lse;
+  args.dout = &w.dout;
+  args.dq = &w.dq;
+  args.dk = &w.dk;
+  args.dv = &w.dv;
+  if (s.alibi) args.alibi_slopes = &w.slopes;
+  if (s.sinks) {
+    args.sinks = &w.sinks;
+    args.dsinks = &w.dsinks;
+  }
+  if (flashattn_supported_ex(ctx, &args, 0) != FLASHATTN_SUCCESS) {
     r.unavailable = std::string("unsupported: ") + flashattn_last_error();
-  } else if (need_bwd && flashattn_supported(ctx, &w.q, &w.k, &w.v, &opts, 1) != FLASHATTN_SUCCESS) {
+  } else if (need_bwd && flashattn_supported_ex(ctx, &args, 1) != FLASHATTN_SUCCESS) {
     r.bwd.why = r.fwdbwd.why = std::string("unsupported: ") + flashattn_last_error();
   }
   if (r.unavailable.empty()) {
-    flashattn_workspace_size(&r.ws_fwd, ctx, &w.q, &w.k, &w.v, &opts, 0);
-    if (need_bwd && r.bwd.why.empty()) flashattn_workspace_size(&r.ws_bwd, ctx, &w.q, &w.k, &w.v, &opts, 1);
+    flashattn_workspace_size_ex(&r.ws_fwd, ctx, &args, 0);
+    if (need_bwd && r.bwd.why.empty()) flashattn_workspace_size_ex(&r.ws_bwd, ctx, &args, 1);
     const size_t ws = std::max(r.ws_fwd, r.ws_bwd);
     if (ws > free_created / 100 * 95) {
       char buf[96];
@@ -393,13 +455,8 @@ Result run_algo(const Config& cfg, const Shape& s, Buffers& mem, flashattn_algor
     }
   }
   if (r.unavailable.empty()) {
-    auto fwd = [&] {
-      return flashattn_forward(ctx, &w.q, &w.k, &w.v, &w.o, &w.lse, &opts, nullptr, 0);
-    };
-    auto bwd = [&] {
-      return flashattn_backward(ctx, &w.q, &w.k, &w.v, &w.o, &w.dout, &w.lse, &w.dq, &w.dk,
-                                &w.dv, &opts, nullptr, 0);
-    };
+    auto fwd = [&] { return flashattn_forward_ex(ctx, &args, nullptr, 0); };
+    auto bwd = [&] { return flashattn_backward_ex(ctx, &args, nullptr, 0); };
     if (cfg.fwd) r.fwd = time_it(cfg, stream, fwd);
     if (r.bwd.why.empty() && need_bwd) {
       const flashattn_status_t st = fwd();  // the backward's out and lse
@@ -477,6 +534,9 @@ void print_row(const Shape& s, const char* algo, const Result& r, double maxdiff
     const size_t used = std::strlen(variants);
     std::snprintf(variants + used, sizeof variants - used, " cap%g", s.softcap);
   }
+  for (const auto& [on, name] : {std::pair{s.alibi, " alibi"}, std::pair{s.sinks, " sinks"}}) {
+    if (on) std::strncat(variants, name, sizeof variants - std::strlen(variants) - 1);
+  }
   char shape[96];
   char dims[40];
   std::snprintf(dims, sizeof dims, s.dv > 0 ? "d%lld/%lld" : "d%lld", static_cast<long long>(s.d),
@@ -515,6 +575,7 @@ Pair run_shape(const Config& cfg, const Shape& s, Buffers& mem, FILE* csv) {
   Pair p;
   const size_t widest = size_t(s.b) * s.n * s.h * std::max(s.d, dv_of(s));
   mem.ensure(s.packed ? 3 * widest : widest, size_t(s.b) * s.h * s.n, s.dtype);
+  mem.ensure_per_head(s.h);
   if (cfg.standard) {
     p.standard = run_algo(cfg, s, mem, FLASHATTN_ALGORITHM_STANDARD);
     p.has_standard = true;
@@ -661,6 +722,8 @@ int main(int argc, char** argv) {
           s.window_left = cfg.window_left;
           s.window_right = cfg.window_right;
           s.softcap = cfg.softcap;
+          s.alibi = cfg.alibi;
+          s.sinks = cfg.sinks;
           run_shape(cfg, s, mem, csv);
         }
       }

@@ -22,13 +22,16 @@ __device__ __forceinline__ void general_scores_transposed(
   int q_lo[2], q_hi[2];  // the queries that see each of the thread's two keys
 #pragma unroll
   for (int h = 0; h < 2; ++h) mask.queries_of(key0 + 8 * h, q_lo[h], q_hi[h]);
+  mod.prepare<kCols8 * 4>(acc_s);
+  const float base = mod.distance(q0 + 2 * t, key0);
 #pragma unroll
   for (int j = 0; j < kCols8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * j + 2 * t + (e % 2);
       float dcap;
-      const float x = mod.logit2(acc_s[4 * j + e], q0 + col, key0 + 8 * (e / 2), dcap);
+      const float x = mod.finish(acc_s[4 * j + e],
+                                 base + static_cast<float>(8 * j + e % 2 - 8 * (e / 2)), dcap);
       float prob = exp2_from_lse(x, lse2[col]);
       if (masked && WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) prob = 0.0f;
       if (with_dsinks) {

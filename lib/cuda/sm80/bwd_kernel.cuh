@@ -210,6 +210,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
     const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
     const float sink2 = common::sink_log2_of(p, head);
+    const bool modded = kGeneral && mod.active();
+    if (modded) mod.prepare<kSM * kSN * 4>(&acc_s[0][0][0]);
+    // The ALiBi distance of element (mi, hh, nt, e) is this base plus constants.
+    const float base = mod.distance(m0 + s_r0 + g, n0 + s_c0 + 2 * t);
 #pragma unroll
     for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
@@ -229,8 +233,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             const float s = acc_s[mi][nt][hh * 2 + e];
             float dcap = 1.0f;
             float prob;
-            if (kGeneral && mod.active()) {
-              prob = common::exp2_from_lse(mod.logit2(s, row, n0 + c, dcap), lse2);
+            if (modded) {
+              const float distance = base + static_cast<float>(mi * 16 + hh * 8 - nt * 8 - e);
+              prob = common::exp2_from_lse(mod.finish(s, distance, dcap), lse2);
             } else {
               prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
             }
