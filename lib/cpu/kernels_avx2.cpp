@@ -2,6 +2,8 @@
 #if defined(__x86_64__)
 #include "cpu/kernels_prelude.hpp"
 
+#include <immintrin.h>
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
@@ -17,6 +19,7 @@
 #define FA_RMAX 6
 #define FA_NVMAX 2
 #define FA_FMA 1
+#define FA_VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #include "cpu/kernels_impl.hpp"
 
 #if defined(__clang__)

@@ -2,6 +2,8 @@
 #if defined(__x86_64__)
 #include "cpu/kernels_prelude.hpp"
 
+#include <immintrin.h>
+
 #if defined(__clang__)
 #pragma clang attribute push(                                                                \
     __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), \
@@ -17,6 +19,7 @@
 #define FA_RMAX 6
 #define FA_NVMAX 4
 #define FA_FMA 1
+#define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #include "cpu/kernels_impl.hpp"
 
 #if defined(__clang__)

@@ -6,7 +6,13 @@
 //   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
 //   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
 //   FA_FMA      1 when the ISA has a fused      FA_NVMAX  vectors of columns of that block
-//               multiply-add (the GEMM uses it)
+//               multiply-add (the GEMM uses it)   FA_VFMA   with FA_FMA: a * b + c of vectors,
+//                                                           fused (an intrinsic)
+//
+// Every fused multiply-add is written out (madd, vfma): the CPU sources compile with
+// -ffp-contract=off, because a contraction the compiler chooses can differ between two copies
+// of one expression (AddressSanitizer's instrumentation was seen to change them in the GEMM),
+// and the backward must recompute the scores its forward saw bit for bit.
 //
 // Layouts: every tile is fp32, row-major, rows padded to a multiple of 16 floats (zeros in the
 // padding). The flash paths keep per-thread tiles only; the standard paths materialize S and P.
@@ -51,6 +57,15 @@ inline vf vmax(vf a, vf b) { return select(a > b, a, b); }
 
 typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
 
+// a * b + c, one rounding where the instruction set has a fused multiply-add.
+inline vf vfma(vf a, vf b, vf c) {
+#if FA_FMA
+  return FA_VFMA(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // 2^x to about 1 ulp: 2^round(x) from the exponent bits times a degree-7 polynomial of the
 // rest in [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
 // produced; NaN stays NaN.
@@ -61,13 +76,13 @@ inline vf exp2v(vf x) {
   const vf r = x + shifter;
   const vf f = x - (r - shifter);
   vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
-  p = p * f + splat(1.5403530393381608e-4f);
-  p = p * f + splat(1.3333558146428443e-3f);
-  p = p * f + splat(9.6181291076284772e-3f);
-  p = p * f + splat(5.5504108664821580e-2f);
-  p = p * f + splat(2.4022650695910071e-1f);
-  p = p * f + splat(6.9314718055994531e-1f);
-  p = p * f + splat(1.0f);
+  p = vfma(p, f, splat(1.5403530393381608e-4f));
+  p = vfma(p, f, splat(1.3333558146428443e-3f));
+  p = vfma(p, f, splat(9.6181291076284772e-3f));
+  p = vfma(p, f, splat(5.5504108664821580e-2f));
+  p = vfma(p, f, splat(2.4022650695910071e-1f));
+  p = vfma(p, f, splat(6.9314718055994531e-1f));
+  p = vfma(p, f, splat(1.0f));
   // The integer round(x) sits in the low mantissa bits of r; n = -127 gives the bits of 0.0.
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return p * scale;
@@ -88,8 +103,8 @@ inline vf tanhv(vf y) {
   const vf a = vabs(y);
   const vf z = a * a;
   vf poly = splat(kTaylor[kTerms - 1]);
-  for (int t = kTerms - 2; t >= 0; --t) poly = poly * z + splat(kTaylor[t]);
-  const vf small = a + a * (z * poly);
+  for (int t = kTerms - 2; t >= 0; --t) poly = vfma(poly, z, splat(kTaylor[t]));
+  const vf small = vfma(a, z * poly, a);
   const vf e = exp2v(a * splat(2.0f * 1.44269504088896340736f));
   const vf large = splat(1.0f) - splat(2.0f) / (e + splat(1.0f));
   const vf r = select(a < splat(kTaylorBelow), small, large);
@@ -136,7 +151,7 @@ void micro(int K, const float* A, int64_t sam, int64_t sak, const float* B, int6
     for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * W);
     for (int r = 0; r < R; ++r) {
       const vf a = splat(A[r * sam + k * sak]);
-      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+      for (int v = 0; v < NV; ++v) c[r][v] = vfma(a, b[v], c[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
