@@ -27,10 +27,13 @@ __device__ __forceinline__ float rcp_approx(float x) {
 
 // tanh(y) = 1 - 2 / (e^{2y} + 1) from one exp2 and one reciprocal: an absolute error near
 // fp32's epsilon (tanh.approx's 2^-11 would put c * 2^-11 on a logit), exactly +-1 in the
-// limits (e^{2y} = inf gives 1, 0 gives -1), NaN for NaN.
-__device__ __forceinline__ float tanh_accurate(float y) {
-  return fmaf(-2.0f, rcp_approx(exp2_approx(y * (2.0f * kLog2e)) + 1.0f), 1.0f);
+// limits (e^{2y} = inf gives 1, 0 gives -1), NaN for NaN. This is 1 / (2^z + 1) for
+// z = 2 y log2(e), the factor a fragment's scale folds into (ScoreMod::pre_tanh).
+__device__ __forceinline__ float rcp_exp2_plus_1(float z) {
+  return rcp_approx(exp2_approx(z) + 1.0f);
 }
+// (A tanh of one MUFU op, the reciprocal by Newton's iteration on the FMA pipe, measured
+// slower in the Hopper forward: that pipe is as loaded.)
 
 // Past this |softmax_scale| the kernels form every logit as a rounded product first (the mod is
 // then active with pre = scale * log2(e)): a row's maximum then equals its winner's logit
@@ -51,6 +54,7 @@ __device__ __forceinline__ float exp2_from_lse(float logit2, float lse2) {
 
 struct ScoreMod {
   float pre = 0.0f;     // s times this: scale / c with a softcap, else scale * log2(e)
+  float pre_tanh = 0.0f;  // 2 log2(e) scale / c: the exponent of tanh's e^{2 s scale / c}
   float cap2 = 0.0f;    // c * log2(e) (softcap only)
   float slope2 = 0.0f;  // slope * log2(e) (ALiBi only)
   int diag = 0;         // the mask's diagonal: query i sits at key i + diag
@@ -71,7 +75,7 @@ struct ScoreMod {
   __device__ __forceinline__ void prepare(float* x) const {
     if (softcap) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) x[i] = tanh_accurate(x[i] * pre);
+      for (int i = 0; i < kN; ++i) x[i] = fmaf(-2.0f, rcp_exp2_plus_1(x[i] * pre_tanh), 1.0f);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i) x[i] *= pre;
@@ -102,11 +106,22 @@ struct ScoreMod {
     return logit2(s, query, key, dcap);
   }
 
-  // A score fragment (rows = queries, the layout WindowMask::apply takes) into log2 logits.
+  // A score fragment (rows = queries, the layout WindowMask::apply takes) into log2 logits:
+  // the forward's form, which needs no dcap, c tanh(y) as one FMA (c - 2 c / (e^{2y} + 1)).
   template <int kMTiles, int kNTiles>
   __device__ __forceinline__ void apply(float (&acc)[kMTiles * kNTiles * 4], int row0,
                                         int col0) const {
-    prepare<kMTiles * kNTiles * 4>(acc);
+    constexpr int kN = kMTiles * kNTiles * 4;
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        acc[i] = fmaf(-2.0f * cap2, rcp_exp2_plus_1(acc[i] * pre_tanh), cap2);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) acc[i] *= pre;
+    }
+    if (!alibi) return;
     const float base = distance(row0, col0);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -117,8 +132,7 @@ struct ScoreMod {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = acc[(mt * kNTiles + nt) * 4 + 2 * hh + e];
-            float dcap;
-            x = finish(x, base + static_cast<float>(16 * mt + 8 * hh - 8 * nt - e), dcap);
+            x = fmaf(-slope2, fabsf(base + static_cast<float>(16 * mt + 8 * hh - 8 * nt - e)), x);
           }
   }
 };
@@ -133,6 +147,7 @@ __device__ __forceinline__ ScoreMod score_mod_of(const Params& p, int batch, int
   m.alibi = p.alibi != nullptr;
   m.rounded = fabsf(p.scale) > kRoundedLogitScale;
   m.pre = m.softcap ? p.scale / p.softcap : p.scale_log2;
+  m.pre_tanh = m.softcap ? 2.0f * kLog2e * m.pre : 0.0f;
   m.cap2 = p.softcap * kLog2e;
   if (m.alibi) {
     m.slope2 = p.alibi[batch * p.alibi_batch_stride + head * p.alibi_head_stride] * kLog2e;
@@ -159,13 +174,16 @@ template <class Params>
 __host__ __device__ inline const float* dsinks_of(const Params&) { return nullptr; }
 __host__ __device__ inline const float* dsinks_of(const cuda::BwdParams& p) { return p.dsinks; }
 
-// The same from the parameters, for a launcher choosing between kernels compiled for each (the
-// backward's general loop also sums the sinks' gradient, common/dsink.cuh).
+// The same from the parameters, for a backward launcher choosing between its kernels compiled
+// for each (the general loop also sums the sinks' gradient, common/dsink.cuh). A window's left
+// bound alone takes the plain loop, which masks with the whole window: only the blocks at the
+// window's edges need a mask, and the general loop's single pass after dP (for the softcap's
+// factor) cost the window 0.58x of causal there against the plain loop's overlap.
 template <class Params>
 __host__ __device__ inline bool needs_general(const Params& p) {
-  return p.softcap > 0.0f || p.alibi != nullptr || p.window_left >= 0 ||
-         dsinks_of(p) != nullptr || p.cu_seqlens_q != nullptr ||
-         p.scale > kRoundedLogitScale || p.scale < -kRoundedLogitScale;
+  return p.softcap > 0.0f || p.alibi != nullptr || dsinks_of(p) != nullptr ||
+         p.cu_seqlens_q != nullptr || p.scale > kRoundedLogitScale ||
+         p.scale < -kRoundedLogitScale;
 }
 
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop

@@ -27,7 +27,7 @@ namespace sm80 {
 
 // ---- 2. main ---------------------------------------------------------------------------------
 
-// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// kGeneral: the loop with a softcap, ALiBi, dsinks, a huge scale or a packed batch
 // (common::needs_general); without, the plain loop, compiled apart so that it keeps its
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // With a softcap or ALiBi, P = exp2(logit2 - LSE_log2) and dS takes the softcap's factor.
     const bool need_mask = blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN);
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
     const float sink2 = common::sink_log2_of(p, head);
     const bool modded = kGeneral && mod.active();
     if (modded) mod.prepare<kSM * kSN * 4>(&acc_s[0][0][0]);

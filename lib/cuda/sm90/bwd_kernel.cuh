@@ -32,7 +32,7 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// kGeneral: the loop with a softcap, ALiBi, dsinks, a huge scale or a packed batch
 // (common::needs_general); without, the plain loop, compiled apart so that it keeps its
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
     uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
     if constexpr (kGeneral) {
       wgmma_wait<0>();
       fence_registers(acc_s);

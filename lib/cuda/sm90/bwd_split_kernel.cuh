@@ -30,7 +30,7 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi, a window's left bound, dsinks or a packed batch
+// kGeneral: the loop with a softcap, ALiBi, dsinks, a huge scale or a packed batch
 // (common::needs_general); without, the plain loop, compiled apart so that it keeps its
 // registers and its uniform address arithmetic.
 template <class T, int kHeadDim, bool kGeneral>
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     // this warpgroup's 32). In the general loop (common::specialize) the exponentials wait for
     // dP^T, so that dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = kGeneral ? blk.mask(p) : blk.mask(p).without_left();
+    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
     if constexpr (kGeneral) {
       wgmma_wait<0>();
       fence_registers(acc_s);
