@@ -111,12 +111,7 @@ void check_memory(const ContextState& state, const std::vector<CheckedView>& vie
              "created it)",
              v.name);
       }
-      const size_t offset = reinterpret_cast<uintptr_t>(v.view->data) - range.begin;
-      if (offset > range.size || v.extent_bytes > range.size - offset) {
-        fail(FLASHATTN_ERROR_INVALID_MEMORY,
-             "%s: the view spans %zu bytes from offset %zu, past the end of its %zu-byte buffer",
-             v.name, v.extent_bytes, offset, range.size);
-      }
+      check_within_buffer(v);
       continue;
     }
     state.backend->check_memory(v.view->data, v.extent_bytes, v.name);

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "api/registry.hpp"
 #include "core/error.hpp"
 
 namespace flashattn {
@@ -262,8 +263,47 @@ Vector<T> vector_view(const flashattn_tensor_t* t) {
   return r;
 }
 
-// Outputs may share no byte with any other view.
+// Where v's data lies in a library buffer (its bytes or the guard after them), if it does.
+bool offset_in_buffer(const CheckedView& v, size_t* offset, size_t* size) {
+  RegisteredRange range;
+  if (v.view->data == nullptr || !registry_find(v.view->data, &range)) return false;
+  *offset = reinterpret_cast<uintptr_t>(v.view->data) - range.begin;
+  *size = range.size;
+  return true;
+}
+
+[[noreturn]] void fail_past_buffer(const CheckedView& v, size_t offset, size_t size) {
+  fail(FLASHATTN_ERROR_INVALID_MEMORY,
+       "%s: the view spans %zu bytes from offset %zu, past the end of its %zu-byte buffer",
+       v.name, v.extent_bytes, offset, size);
+}
+
+// A view that starts at or past its buffer's end (in the guard) runs on into whatever the heap
+// put after the buffer: that is its fault, reported before any overlap it causes, so that the
+// report does not depend on where the next buffer lies.
+void check_starts_in_buffer(const CheckedView& v) {
+  size_t offset = 0, size = 0;
+  if (offset_in_buffer(v, &offset, &size) && offset >= size && v.extent_bytes > 0) {
+    fail_past_buffer(v, offset, size);
+  }
+}
+
+}  // namespace
+
+void check_within_buffer(const CheckedView& v) {
+  size_t offset = 0, size = 0;
+  if (offset_in_buffer(v, &offset, &size) &&
+      (offset > size || v.extent_bytes > size - offset)) {
+    fail_past_buffer(v, offset, size);
+  }
+}
+
+namespace {
+
+// Outputs may share no byte with any other view (a view starting past its buffer's end is
+// refused as such first).
 void check_aliasing(const std::vector<CheckedView>& views) {
+  for (const CheckedView& v : views) check_starts_in_buffer(v);
   for (size_t i = 0; i < views.size(); ++i) {
     if (!views[i].output) continue;
     for (size_t j = 0; j < views.size(); ++j) {
@@ -1279,6 +1319,8 @@ MergeArgs validate_merge(const flashattn_merge_args_t& a, std::vector<CheckedVie
   // the LSEs first: an out laid over the (small) LSEs runs on past them into whatever memory
   // follows, the outputs' buffer too if the heap put it there; the report should not depend on
   // where the heap put it.
+  for (const CheckedView* v : {&all_out, &all_lse, &out}) check_starts_in_buffer(*v);
+  if (a.lse != nullptr) check_starts_in_buffer(lse);
   check_output_against_parts(out, all_lse, parts_lse, a.num_parts, a.parts_lse_stride, false);
   check_output_against_parts(out, all_out, parts_out, a.num_parts, a.parts_out_stride, true);
   if (a.lse != nullptr) {

@@ -33,6 +33,10 @@ struct CheckedView {
   bool output = false;
 };
 
+// A view whose data lies in a library buffer (its bytes or the guard after them) must end
+// inside that buffer (INVALID_MEMORY otherwise); other views are left to the backend.
+void check_within_buffer(const CheckedView& v);
+
 // The size of the first flashattn_options_t (size, softmax_scale, causal, algorithm,
 // deterministic): what a program built against that header passes, and all that the exported
 // flashattn_options_init symbol, which such programs call, may write.
