@@ -27,21 +27,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_sdpa import (  # noqa: E402  (the ctypes layer, shared)
-    ALGO_FLASH, BACKEND_CUDA, DTYPE_BF16, DTYPE_F32, Args, Context, Lib, tensor_view)
+    ALGO_FLASH, BACKEND_CUDA, DTYPE_BF16, DTYPE_F32, Args, Context, Lib, Options, tensor_view)
 
 WINDOW_LEFT = 1024  # the issue's window: 1024 keys to the left, causal on the right
 SOFTCAP = 30.0      # Gemma 2's attention softcap
 
 
-# flashattn_options_t through the variants' fields (window, softcap): the size this script
-# passes says which fields it knows; num_splits and later fields take their defaults.
-class VariantOptions(ctypes.Structure):
+# flashattn_options_t through the variants' fields (window, softcap), after the first five:
+# the size this script passes says which fields it knows; num_splits and later fields take
+# their defaults.
+class VariantOptions(Options):
     _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("softmax_scale", ctypes.c_float),
-        ("causal", ctypes.c_int32),
-        ("algorithm", ctypes.c_int),
-        ("deterministic", ctypes.c_int32),
         ("window", ctypes.c_int32),
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
