@@ -72,7 +72,8 @@ struct ScoreMod {
   // plain). prepare() takes kN raw scores under one uniform branch: tanh(scale s / c) with a
   // softcap, else pre * s. finish() turns one prepared value into the log2 logit, given the
   // ALiBi distance query + diag - key as a float (a fragment forms it by adding constants to
-  // one converted base, exact below 2^24: no int-to-float conversion per score), and dcap = 1 - tanh^2.
+  // one converted base, exact below 2^24: no int-to-float conversion per score), and
+  // dcap = 1 - tanh^2.
   template <int kN>
   __device__ __forceinline__ void prepare(float* x) const {
     if (softcap) {
@@ -90,8 +91,12 @@ struct ScoreMod {
       x = cap2 * y;
       dcap = fmaf(-y, y, 1.0f);
     }
-    if (alibi) x = fmaf(-slope2, fabsf(distance), x);
+    if (alibi) x = with_alibi(x, distance);
     return x;
+  }
+  // ALiBi's bias on a log2 logit at the distance query + diag - key.
+  __device__ __forceinline__ float with_alibi(float x, float distance) const {
+    return fmaf(-slope2, fabsf(distance), x);
   }
   // The ALiBi distance base of a fragment: query + diag - key as a float.
   __device__ __forceinline__ float distance(int query, int key) const {
@@ -134,7 +139,7 @@ struct ScoreMod {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = acc[(mt * kNTiles + nt) * 4 + 2 * hh + e];
-            x = fmaf(-slope2, fabsf(base + static_cast<float>(16 * mt + 8 * hh - 8 * nt - e)), x);
+            x = with_alibi(x, base + static_cast<float>(16 * mt + 8 * hh - 8 * nt - e));
           }
   }
 };
