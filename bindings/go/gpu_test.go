@@ -174,8 +174,8 @@ func TestGPUMerge(t *testing.T) {
 
 // The KV cache on a CUDA context (a paged cache in device buffers, a row appended): within the
 // project's rule of float64 attention, the CPU backend's standard algorithm setting the bound,
-// and the cache left as the CPU leaves it. Skipped, with the library's reason, while the CUDA
-// backend answers FLASHATTN_ERROR_UNSUPPORTED for it.
+// and the cache left as the CPU leaves it. The CUDA backend has a KV cache path
+// (lib/cuda/kvcache): UNSUPPORTED here is a failure.
 func TestGPUKVCache(t *testing.T) {
 	gpu := gpuContext(t)
 	cpu := cpuContext(t)
@@ -183,9 +183,6 @@ func TestGPUKVCache(t *testing.T) {
 		p := newCacheProblem(Dims{SeqLenQ: 1, HeadsQ: 8, HeadsKV: 2, HeadDim: 64}, []int{1, 70, 129}, 1, 13).rounded(dtype)
 		c := p.build(cacheLayout{pageSize: 16, seed: 13})
 		out, _, k, v, err := cacheForward16(t, gpu, dtype, c, p.q, &Options{Causal: true})
-		if errors.Is(err, ErrUnsupported) {
-			t.Skipf("the CUDA backend does not run the KV cache: %v", err)
-		}
 		if err != nil {
 			t.Fatal(err)
 		}
