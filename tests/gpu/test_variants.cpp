@@ -543,6 +543,11 @@ TEST_SUITE("gpu_variants_combined") {
       check(with_sinks(with_alibi(softcapped(windowed(base, 40, 0), 8.0f))), tally);
       check(with_sinks(with_alibi(softcapped(windowed(base, 25, 25), 3.0f), Slopes::PerBatchHead)),
             tally);
+      // Without a softcap: the Hopper backward's plain loop takes ALiBi and the sinks' gradient.
+      check(with_sinks(with_alibi(windowed(base, 40, 0))), tally);
+      check(with_sinks(with_alibi(windowed(make(dt, 1, 200, 333, 4, 2, 256), 70, 30),
+                                  Slopes::PerBatchHead)),
+            tally);
       Case wide = make(dt, 1, 300, 129, 4, 1, 128);
       check(with_dv(with_sinks(with_alibi(softcapped(windowed(wide, -1, 50), 20.0f))), 64), tally);
       check(laid_out(with_sinks(with_alibi(
@@ -586,12 +591,14 @@ TEST_SUITE("gpu_variants_combined") {
     const Case fixed = with_sinks(
         with_alibi(softcapped(windowed(make(BF16, 2, 333, 517, 4, 1, 64, true), 300, -1), 10.0f)));
     const Case wide = with_dv(with_sinks(make(F16, 1, 257, 600, 4, 1, 128)), 64);
+    const Case biased = with_sinks(with_alibi(make(BF16, 2, 333, 517, 4, 1, 128, true)));
     const Case packed =
         varlen(with_sinks(with_alibi(windowed(make(BF16, 1, 1, 1, 4, 1, 128), 200, 100),
                                      Slopes::PerBatchHead)),
                {333, 0, 129, 65}, {517, 9, 300, 1});
     check_deterministic(fixed, tally);
     check_deterministic(wide, tally);
+    check_deterministic(biased, tally);
     check_deterministic(packed, tally);
   }
 }

@@ -1,9 +1,16 @@
-// The backward's general loop (a softcap, ALiBi, a window's left bound or dsinks) on a
-// transposed score fragment, the Hopper kernels' S^T layout: element 4 j + e at key
-// key0 + 8 (e / 2) and query q0 + 8 j + 2 t + e % 2 (WindowMask::apply_transposed's layout with
-// one m-tile). In one pass, once both S^T and dP^T are complete: S^T becomes P^T (the mod's
-// logits, the masks), dP^T becomes (dP^T - D) times the softcap's factor, so that
-// dS^T = P^T * dP^T, and the sinks' share of the gradient is added (common/dsink.cuh).
+// The backward's scores on a transposed fragment, the Hopper kernels' S^T layout: element
+// 4 j + e at key key0 + 8 (e / 2) and query q0 + 8 j + 2 t + e % 2 (WindowMask::apply_transposed's
+// layout with one m-tile).
+//
+// The plain loop: P^T from S^T while the dP^T GEMM still runs (plain_probs_transposed, with
+// ALiBi's bias when the head has one), the masks, then, once dP^T is complete, the sinks' share
+// of their gradient (add_dsinks_transposed). Neither changes dS = P (dP - D), so both keep the
+// loop's overlap.
+//
+// The general loop (a softcap or a huge scale; general_scores_transposed): in one pass, once
+// both S^T and dP^T are complete, S^T becomes P^T (the mod's logits, the masks), dP^T becomes
+// (dP^T - D) times the softcap's factor, so that dS^T = P^T * dP^T, and the sinks' share of the
+// gradient is added (common/dsink.cuh).
 #pragma once
 
 #include "cuda/common/dsink.cuh"
@@ -13,6 +20,55 @@
 
 namespace flashattn {
 namespace common {
+
+// P^T = exp2(S^T scale log2(e) - LSE log2(e)), less ALiBi's slope times the distance when
+// kBias and the mod has one (one uniform branch; the scale stays folded into the FMA, as
+// without).
+template <int kCols8, bool kBias>  // query columns / 8; ALiBi compiled in
+__device__ __forceinline__ void plain_probs_transposed(float (&acc_s)[kCols8 * 4],
+                                                       const float* lse2, float scale_log2,
+                                                       const ScoreMod& mod, int key0, int q0,
+                                                       int t) {
+  if (kBias && mod.alibi) {
+    const float base = mod.distance(q0 + 2 * t, key0);
+#pragma unroll
+    for (int j = 0; j < kCols8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e % 2);
+        const float x = fmaf(acc_s[4 * j + e], scale_log2, -lse2[col]);
+        acc_s[4 * j + e] = exp2_approx(
+            mod.with_alibi(x, base + static_cast<float>(8 * j + e % 2 - 8 * (e / 2))));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kCols8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e % 2);
+        acc_s[4 * j + e] = exp2_approx(fmaf(acc_s[4 * j + e], scale_log2, -lse2[col]));
+      }
+    }
+  }
+}
+
+// The sinks' share of their gradient from the final (masked) P^T and dP^T of the query
+// columns 8 j .. 8 j + 7, in the general loop's order; one P_sink per column. Called per j from
+// the loop that consumes P^T and dP^T, so that it holds no register of its own past it.
+template <int kCols8>
+__device__ __forceinline__ void add_dsinks_transposed(int j, const float (&acc_s)[kCols8 * 4],
+                                                      const float (&acc_dp)[kCols8 * 4],
+                                                      const float* lse2, float sink2, int t,
+                                                      DsinkAccumulator& dsink) {
+  float share[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    share[c] = DsinkAccumulator::sink_share(sink2, lse2[8 * j + 2 * t + c]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dsink.add(share[e % 2], acc_s[4 * j + e], acc_dp[4 * j + e]);
+}
 
 template <int kCols8>  // query columns / 8
 __device__ __forceinline__ void general_scores_transposed(

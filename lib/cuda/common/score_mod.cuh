@@ -192,6 +192,21 @@ __host__ __device__ inline bool needs_general(const Params& p) {
          p.scale < -kRoundedLogitScale;
 }
 
+// The Hopper backward kernels' three loops, each compiled apart: plain attention (a window
+// too); the plain loop with ALiBi's bias and the sinks' gradient, which leave dS = P (dP - D)
+// alone and so keep its overlap (in the general loop they ran at 0.79x and 0.70x of causal; in
+// the plain kernel itself their registers spilled and cost plain attention 7%, kernel-log run
+// 77); and the general loop (a softcap's factor on dS, a huge scale, a packed batch).
+enum class BwdLoop { kPlain, kBiased, kGeneral };
+template <class Params>
+__host__ __device__ inline BwdLoop bwd_loop_of(const Params& p) {
+  if (p.softcap > 0.0f || p.cu_seqlens_q != nullptr || p.scale > kRoundedLogitScale ||
+      p.scale < -kRoundedLogitScale) {
+    return BwdLoop::kGeneral;
+  }
+  return p.alibi != nullptr || dsinks_of(p) != nullptr ? BwdLoop::kBiased : BwdLoop::kPlain;
+}
+
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop
 // once and gets both specializations behind one uniform branch.
 template <class F>

@@ -32,13 +32,15 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi, dsinks, a huge scale or a packed batch
-// (common::needs_general); without, the plain loop, compiled apart so that it keeps its
-// registers and its uniform address arithmetic.
-template <class T, int kHeadDim, bool kGeneral>
+// kLoop (common::BwdLoop, chosen at launch by common::bwd_loop_of): the plain loop, the plain
+// loop with ALiBi's bias and the sinks' gradient, or the general one; each compiled apart, so
+// that plain attention keeps its registers and its uniform address arithmetic.
+template <class T, int kHeadDim, common::BwdLoop kLoop>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     bwd_kernel(const __grid_constant__ cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
+  constexpr bool kGeneral = kLoop == common::BwdLoop::kGeneral;
+  constexpr bool kBiased = kLoop == common::BwdLoop::kBiased;
   using Cfg = BwdConfig<kHeadDim>;
   constexpr int kThreads = Cfg::kNThreads;
   constexpr int kBlockM = Cfg::kBlockM;  // queries per step
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
-  common::DsinkAccumulator dsink;  // the general loop's share of the sinks' gradient
+  common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
@@ -133,8 +135,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
     // P^T in place of S^T (fp32). Accumulator element (row, col) = (key, query): rows
     // 16 warp + g (+8), columns 8 j + 2 t (+1). In the plain loop the exponentials run while
-    // the dP^T group is still on the tensor cores; in the general one (common::specialize),
-    // after it, so that dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
+    // the dP^T group is still on the tensor cores; in the general one, after it, so that
+    // dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
     uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
     uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
@@ -148,26 +150,23 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           acc_s, acc_dp, lse2, dsum, mod, mask, mask.needs_mask(m0, kBlockM, n0, kBlockN),
           n0 + wg * 64 + warp * 16 + g, m0, t, common::sink_log2_of(p, head), with_dsinks, dsink);
     } else {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * j + 2 * t + (e % 2);
-          acc_s[4 * j + e] =
-              common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
-        }
-      }
+      const int key0 = n0 + wg * 64 + warp * 16 + g;
+      common::plain_probs_transposed<kBlockM / 8, kBiased>(acc_s, lse2, p.scale_log2, mod, key0,
+                                                           m0, t);
       // Masks, only where some key of the block is hidden from some query of the step.
       if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kBlockM / 8>(acc_s, n0 + wg * 64 + warp * 16 + g,
-                                              m0 + 2 * t, 0.0f);
+        mask.apply_transposed<1, kBlockM / 8>(acc_s, key0, m0 + 2 * t, 0.0f);
       }
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
+    const float sink2 = common::sink_log2_of(p, head);
 
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
+      if (kBiased && with_dsinks) {
+        common::add_dsinks_transposed<kBlockM / 8>(j, acc_s, acc_dp, lse2, sink2, t, dsink);
+      }
       float dv[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -263,7 +262,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       }
     }
     if (p.deterministic) common::pass_dq_turn(sem, turn);
-    if (kGeneral && with_dsinks && (next_head != head || step + 1 == steps)) {
+    if (kLoop != common::BwdLoop::kPlain && with_dsinks &&
+        (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
     }
     head = next_head;
@@ -293,8 +293,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
-  const auto kernel = common::needs_general(p) ? bwd_kernel<T, kHeadDim, true>
-                                                : bwd_kernel<T, kHeadDim, false>;
+  using common::BwdLoop;
+  const BwdLoop loop = common::bwd_loop_of(p);
+  const auto kernel = loop == BwdLoop::kGeneral  ? bwd_kernel<T, kHeadDim, BwdLoop::kGeneral>
+                      : loop == BwdLoop::kBiased ? bwd_kernel<T, kHeadDim, BwdLoop::kBiased>
+                                                 : bwd_kernel<T, kHeadDim, BwdLoop::kPlain>;
   using Cfg = BwdConfig<kHeadDim>;
   return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);

@@ -30,13 +30,15 @@
 namespace flashattn {
 namespace sm90 {
 
-// kGeneral: the loop with a softcap, ALiBi, dsinks, a huge scale or a packed batch
-// (common::needs_general); without, the plain loop, compiled apart so that it keeps its
-// registers and its uniform address arithmetic.
-template <class T, int kHeadDim, bool kGeneral>
+// kLoop (common::BwdLoop, chosen at launch by common::bwd_loop_of): the plain loop, the plain
+// loop with ALiBi's bias and the sinks' gradient, or the general one; each compiled apart, so
+// that plain attention keeps its registers and its uniform address arithmetic.
+template <class T, int kHeadDim, common::BwdLoop kLoop>
 __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     bwd_split_kernel(const __grid_constant__ cuda::BwdParams p) {
 #ifdef FLASHATTN_SM90A_DEVICE
+  constexpr bool kGeneral = kLoop == common::BwdLoop::kGeneral;
+  constexpr bool kBiased = kLoop == common::BwdLoop::kBiased;
   using Cfg = BwdSplitConfig<kHeadDim>;
   constexpr int kThreads = Cfg::kNThreads;
   constexpr int kBlockM = Cfg::kBlockM;
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
   };
 
-  common::DsinkAccumulator dsink;  // the general loop's share of the sinks' gradient
+  common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_block * kBlockM;
@@ -169,29 +171,27 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
           n0 + warp * 16 + g, m0 + wg * kQSplit, t, common::sink_log2_of(p, head), with_dsinks,
           dsink);
     } else {
-#pragma unroll
-      for (int j = 0; j < kQSplit / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * j + 2 * t + (e % 2);
-          acc_s[4 * j + e] =
-              common::exp2_approx(fmaf(acc_s[4 * j + e], p.scale_log2, -lse2[col]));
-        }
-      }
+      const int key0 = n0 + warp * 16 + g;
+      const int q0 = m0 + wg * kQSplit;
+      common::plain_probs_transposed<kQSplit / 8, kBiased>(acc_s, lse2, p.scale_log2, mod, key0,
+                                                           q0, t);
       // Masks, only where some key of the block is hidden from some query of the step.
       if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kQSplit / 8>(acc_s, n0 + warp * 16 + g,
-                                              m0 + wg * kQSplit + 2 * t, 0.0f);
+        mask.apply_transposed<1, kQSplit / 8>(acc_s, key0, q0 + 2 * t, 0.0f);
       }
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
+    const float sink2 = common::sink_log2_of(p, head);
 
     // P^T and dS^T to shared memory, [keys][queries]: TileP::offset with this thread's rows
     // (r % 8 == g) and chunk 4 wg + j of the row written out.
     const int row_off = (warp * 16 + g) * 64 + 2 * t;
 #pragma unroll
     for (int j = 0; j < kQSplit / 8; ++j) {
+      if (kBiased && with_dsinks) {
+        common::add_dsinks_transposed<kQSplit / 8>(j, acc_s, acc_dp, lse2, sink2, t, dsink);
+      }
       const int off = row_off + (((wg * (kQSplit / 8) + j) ^ g) << 3);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -251,7 +251,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
                                              (p.seqlen_q_rounded / kBlockM) +
                                          m_block;
     if (pending_sem != nullptr) pending_turn = blk.dq_turn(p, m_block);
-    if (kGeneral && with_dsinks && (next_head != head || step + 1 == steps)) {
+    if (kLoop != common::BwdLoop::kPlain && with_dsinks &&
+        (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
     }
     head = next_head;
@@ -285,8 +286,11 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_split_main(const cuda::BwdParams& p, cudaStream_t stream) {
-  const auto kernel = common::needs_general(p) ? bwd_split_kernel<T, kHeadDim, true>
-                                                : bwd_split_kernel<T, kHeadDim, false>;
+  using common::BwdLoop;
+  const BwdLoop loop = common::bwd_loop_of(p);
+  const auto kernel = loop == BwdLoop::kGeneral  ? bwd_split_kernel<T, kHeadDim, BwdLoop::kGeneral>
+                      : loop == BwdLoop::kBiased ? bwd_split_kernel<T, kHeadDim, BwdLoop::kBiased>
+                                                 : bwd_split_kernel<T, kHeadDim, BwdLoop::kPlain>;
   using Cfg = BwdSplitConfig<kHeadDim>;
   return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
