@@ -20,6 +20,10 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 
 HEAD_DIMS = [64, 96, 128, 192, 256]  # the fast paths; other head dims run on the next larger
+# The Hopper forward's own head dims besides: 112, so that 100 and 104 (common in models, and
+# what a head dim off 8 is padded to) compute 7% zero columns instead of the 23% of 128.
+SM90_FWD_DIMS = sorted(HEAD_DIMS + [112])
+ALL_HEAD_DIMS = sorted(set(HEAD_DIMS) | set(SM90_FWD_DIMS))
 DTYPES = {"fp16": ("__half", "f16", "F16"), "bf16": ("__nv_bfloat16", "bf16", "BF16")}
 
 # The forward tiles per head dim. sm80: (query rows, keys, warps) per CTA. sm90: keys per block,
@@ -27,8 +31,8 @@ DTYPES = {"fp16": ("__half", "f16", "F16"), "bf16": ("__nv_bfloat16", "bf16", "B
 # docs/perf/kernel-log.md.
 SM80_FWD_TILES = {64: (128, 64, 4), 96: (128, 64, 4), 128: (128, 64, 4), 192: (128, 64, 8),
                   256: (128, 64, 8)}
-SM90_FWD_TILES = {64: (128, 2, 3), 96: (128, 2, 2), 128: (128, 2, 2), 192: (112, 2, 2),
-                  256: (80, 2, 2)}
+SM90_FWD_TILES = {64: (128, 2, 3), 96: (128, 2, 2), 112: (128, 2, 2), 128: (128, 2, 2),
+                  192: (112, 2, 2), 256: (80, 2, 2)}
 
 
 class Family:
@@ -46,10 +50,10 @@ KERNELS = [
            "sm80::FwdConfig<{d}>::kSmemBytes"),
     Family("sm80", "bwd", "cuda/sm80/bwd_kernel.cuh", "cuda::BwdParams", HEAD_DIMS,
            "sm80::BwdConfig<{d}>::kSmemBytes"),
-    Family("sm90", "fwd", "cuda/sm90/fwd_kernel.cuh", "cuda::FwdParams", HEAD_DIMS,
+    Family("sm90", "fwd", "cuda/sm90/fwd_kernel.cuh", "cuda::FwdParams", SM90_FWD_DIMS,
            "sm90::FwdConfig<{d}>::kSmemBytes"),
     # The Hopper backward: 64 and 128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh; the other
-    # head dims run the sm80 backward on Hopper too.
+    # head dims run on the next larger of them (flash_dispatch.cu's choose).
     Family("sm90", "bwd", "cuda/sm90/bwd_launch.cuh", "cuda::BwdParams", [64, 128, 256],
            "sm90::bwd_smem_bytes({d})"),
 ]
@@ -112,7 +116,7 @@ def kernels_cmake():
             for d in f.dims:
                 rows.append(f'  "{f.arch}|{d}|{dtype}|instances/{instance_name(f, d, dtype)}"')
     return (f"# {GENERATED}\n"
-            f"set(FLASHATTN_KNOWN_HEAD_DIMS {' '.join(map(str, HEAD_DIMS))})\n"
+            f"set(FLASHATTN_KNOWN_HEAD_DIMS {' '.join(map(str, ALL_HEAD_DIMS))})\n"
             f"set(FLASHATTN_KNOWN_DTYPES {' '.join(DTYPES)})\n"
             "# arch|head dim|dtype|file (relative to lib/cuda)\n"
             "set(FLASHATTN_KERNEL_INSTANCES\n" + "\n".join(rows) + ")\n")
@@ -168,7 +172,7 @@ __device__ __forceinline__ void wgmma_{kind}<{ctype}, {n}>({sig}) {{
 
 def wgmma():
     ss_n = sorted(set(BWD_SS_N) | {n for n, _, _ in SM90_FWD_TILES.values()})
-    rs_n = HEAD_DIMS  # O += P V: N = the head dim
+    rs_n = SM90_FWD_DIMS  # O += P V: N = the head dim
     parts = [f"""// {GENERATED}
 // wgmma.mma_async m64nNk16 wrappers (fp32 accumulators). wgmma_ss: A and B from shared memory
 // (descriptors, both K-major). wgmma_ss_tt: both from shared memory, both MN-major (trans-a =

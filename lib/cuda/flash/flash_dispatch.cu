@@ -75,7 +75,7 @@ const Kernel<Launcher>* find(const Kernel<Launcher> (&table)[N], Arch arch, DTyp
 }
 
 // The compiled kernel of `arch` with the smallest head dim that holds head_dim, or null (the
-// sm80 families cover every head dim of the table; the Hopper ones a subset of it).
+// sm80 families cover every head dim of the table but the Hopper forward's 112).
 template <class Launcher, size_t N>
 const Kernel<Launcher>* smallest_holding(const Kernel<Launcher> (&table)[N], Arch arch,
                                          DType dtype, int64_t head_dim) {
@@ -122,10 +122,11 @@ const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceI
   const Kernel<Launcher>* fast_path = smallest_holding(table, Arch::Sm80, dtype, head_dim);
   const Arch arch = device_arch(dev);
   if (fast_path == nullptr || arch == Arch::Sm80) return fast_path;
-  // The device's family at the fast path's head dim, or where it has none there (the Hopper
-  // backward at 96 and 192) at its next larger one: computing zero columns outruns the sm80
-  // kernel (kernel-log run 69).
-  const Kernel<Launcher>* k = smallest_holding(table, arch, dtype, fast_path->head_dim);
+  // The device's family at the smallest head dim of its own that holds this one: where it has
+  // none of the sm80 family's (the Hopper backward at 96 and 192), the next larger, since
+  // computing zero columns outruns the sm80 kernel (kernel-log run 69); where it has one the
+  // sm80 family lacks (the Hopper forward at 112), that one.
+  const Kernel<Launcher>* k = smallest_holding(table, arch, dtype, head_dim);
   return k != nullptr ? k : fast_path;
 }
 
