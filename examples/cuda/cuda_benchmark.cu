@@ -753,7 +753,8 @@ int main(int argc, char** argv) {
     // Head dims and layouts beside the plain d128 (bf16 or --dtype, 16k tokens): a head dim off
     // the 8-element granule (its rows are copied aligned), a v of its own head dim, packed QKV.
     std::printf("Layouts: head dim 100 (hidden 2000), d 192 with dv 128, d 128 with dv 64, packed "
-                "QKV, d 96, d 192 (16 heads); TFLOP/s count 2*B*H*N^2*(d + dv)\n");
+                "QKV, d 96, d 192 (16 heads), d 104 and d 112 (20 heads: aligned rows, no copies); "
+                "TFLOP/s count 2*B*H*N^2*(d + dv)\n");
     print_header();
     for (int causal : cfg.causal) {
       for (int64_t n : {4096, 16384}) {
@@ -772,7 +773,11 @@ int main(int argc, char** argv) {
         d96.d = 96;
         Shape d192p = base;
         d192p.d = 192;
-        for (const Shape& s : {base, d100, d192, d128v64, qkv, d96, d192p}) {
+        Shape d104 = d100;
+        d104.d = 104;
+        Shape d112 = d100;
+        d112.d = 112;
+        for (const Shape& s : {base, d100, d192, d128v64, qkv, d96, d192p, d104, d112}) {
           run_shape(cfg, s, mem, csv);
         }
       }
