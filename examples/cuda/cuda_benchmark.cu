@@ -33,8 +33,9 @@
 //                                                 (split-KV) and long-sequence shapes; alone, it
 //                                                 skips the attention tables
 //                  [--layouts]                    head dim 100 (rows off 16 bytes, copied
-//                                                 aligned), d 192 / dv 128, d 128 / dv 64 and
-//                                                 packed QKV beside plain d128; with --no-sweep
+//                                                 aligned), d 192 / dv 128, d 128 / dv 64,
+//                                                 packed QKV, d 96, 192, 104 and 112 beside
+//                                                 plain d128; with --no-sweep
 //                                                 --no-gpt2, only these
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
