@@ -9,6 +9,7 @@ for; every family takes both dtypes. From the table this writes, checked in:
   kernels.cmake                                the head dims and instance files CMake builds
   sm80/fwd_tiles.inc, sm90/fwd_tiles.inc       the forward tile shapes per head dim
   sm90/wgmma.cuh                               inline-PTX wgmma wrappers for the N values used
+  decode/decode_dims.inc                       the decode kernel's head dims (an X-macro list)
 
 The head-dim list exists here only. Run from anywhere: python3 lib/cuda/generate.py
 (--check compares instead of writing: the test that the checked-in files are current).
@@ -217,8 +218,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     return "\n".join(parts)
 
 
+def decode_dims():
+    lines = [f"// {GENERATED}",
+             "// FLASHATTN_DECODE_DIM(head dim) for each padded head dim the decode kernel is",
+             "// instantiated for in this build (FLASHATTN_HDIM_*), smallest first."]
+    for d in HEAD_DIMS:
+        lines += [f"#if defined(FLASHATTN_HDIM_{d})", f"FLASHATTN_DECODE_DIM({d})", "#endif"]
+    return "\n".join(lines) + "\n"
+
+
 def outputs():
     files = instances()
+    files["decode/decode_dims.inc"] = decode_dims()
     files["flash/kernel_table.inc"] = kernel_table()
     files["kernels.cmake"] = kernels_cmake()
     files.update(fwd_tiles())

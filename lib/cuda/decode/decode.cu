@@ -13,23 +13,12 @@ namespace flashattn {
 namespace cuda {
 namespace {
 
-// The padded head dims the build has (FLASHATTN_HEAD_DIMS), smallest first.
+// The padded head dims the build has (decode_dims.inc, written from the kernel table by
+// lib/cuda/generate.py), smallest first.
 constexpr int kHeadDims[] = {
-#ifdef FLASHATTN_HDIM_64
-    64,
-#endif
-#ifdef FLASHATTN_HDIM_96
-    96,
-#endif
-#ifdef FLASHATTN_HDIM_128
-    128,
-#endif
-#ifdef FLASHATTN_HDIM_192
-    192,
-#endif
-#ifdef FLASHATTN_HDIM_256
-    256,
-#endif
+#define FLASHATTN_DECODE_DIM(D) D,
+#include "cuda/decode/decode_dims.inc"
+#undef FLASHATTN_DECODE_DIM
     0};
 
 int padded_dim(int64_t head_dim) {
@@ -41,11 +30,11 @@ int padded_dim(int64_t head_dim) {
 
 int smem_bytes(int head_dim) {
   switch (head_dim) {
-    case 64: return decode::DecodeConfig<64>::kSmemBytes;
-    case 96: return decode::DecodeConfig<96>::kSmemBytes;
-    case 128: return decode::DecodeConfig<128>::kSmemBytes;
-    case 192: return decode::DecodeConfig<192>::kSmemBytes;
-    case 256: return decode::DecodeConfig<256>::kSmemBytes;
+#define FLASHATTN_DECODE_DIM(D) \
+  case D:                       \
+    return decode::DecodeConfig<D>::kSmemBytes;
+#include "cuda/decode/decode_dims.inc"
+#undef FLASHATTN_DECODE_DIM
     default: return 0;
   }
 }
@@ -142,40 +131,16 @@ cudaError_t launch_decode(const FwdParams& p, DType dtype, const DecodePlan& pla
   if (plan.head_dim == D) return decode::launch_decode<T, D>(p, plan.split, workspace, stream);
 #ifdef FLASHATTN_DTYPE_FP16
   if (dtype == DType::F16) {
-#ifdef FLASHATTN_HDIM_64
-    FLASHATTN_DECODE_CASE(__half, 64)
-#endif
-#ifdef FLASHATTN_HDIM_96
-    FLASHATTN_DECODE_CASE(__half, 96)
-#endif
-#ifdef FLASHATTN_HDIM_128
-    FLASHATTN_DECODE_CASE(__half, 128)
-#endif
-#ifdef FLASHATTN_HDIM_192
-    FLASHATTN_DECODE_CASE(__half, 192)
-#endif
-#ifdef FLASHATTN_HDIM_256
-    FLASHATTN_DECODE_CASE(__half, 256)
-#endif
+#define FLASHATTN_DECODE_DIM(D) FLASHATTN_DECODE_CASE(__half, D)
+#include "cuda/decode/decode_dims.inc"
+#undef FLASHATTN_DECODE_DIM
   }
 #endif
 #ifdef FLASHATTN_DTYPE_BF16
   if (dtype == DType::BF16) {
-#ifdef FLASHATTN_HDIM_64
-    FLASHATTN_DECODE_CASE(__nv_bfloat16, 64)
-#endif
-#ifdef FLASHATTN_HDIM_96
-    FLASHATTN_DECODE_CASE(__nv_bfloat16, 96)
-#endif
-#ifdef FLASHATTN_HDIM_128
-    FLASHATTN_DECODE_CASE(__nv_bfloat16, 128)
-#endif
-#ifdef FLASHATTN_HDIM_192
-    FLASHATTN_DECODE_CASE(__nv_bfloat16, 192)
-#endif
-#ifdef FLASHATTN_HDIM_256
-    FLASHATTN_DECODE_CASE(__nv_bfloat16, 256)
-#endif
+#define FLASHATTN_DECODE_DIM(D) FLASHATTN_DECODE_CASE(__nv_bfloat16, D)
+#include "cuda/decode/decode_dims.inc"
+#undef FLASHATTN_DECODE_DIM
   }
 #endif
 #undef FLASHATTN_DECODE_CASE
