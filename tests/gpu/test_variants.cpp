@@ -543,7 +543,7 @@ TEST_SUITE("gpu_variants_combined") {
       check(with_sinks(with_alibi(softcapped(windowed(base, 40, 0), 8.0f))), tally);
       check(with_sinks(with_alibi(softcapped(windowed(base, 25, 25), 3.0f), Slopes::PerBatchHead)),
             tally);
-      // Without a softcap: the Hopper backward's plain loop takes ALiBi and the sinks' gradient.
+      // Without a softcap: the Hopper backward runs its plain loop with ALiBi and dsinks (kBiased).
       check(with_sinks(with_alibi(windowed(base, 40, 0))), tally);
       check(with_sinks(with_alibi(windowed(make(dt, 1, 200, 333, 4, 2, 256), 70, 30),
                                   Slopes::PerBatchHead)),
