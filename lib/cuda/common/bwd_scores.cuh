@@ -21,6 +21,13 @@
 namespace flashattn {
 namespace common {
 
+// ALiBi's distance (query + diag - key) of element 4 j + e of the fragment, less that of its
+// element 0 (ScoreMod::distance of (q0 + 2 t, key0)): queries step by 8 j + e % 2, keys by
+// 8 (e / 2).
+__device__ __forceinline__ constexpr float transposed_distance_step(int j, int e) {
+  return static_cast<float>(8 * j + e % 2 - 8 * (e / 2));
+}
+
 // P^T = exp2(S^T scale log2(e) - LSE log2(e)), less ALiBi's slope times the distance when
 // kBias and the mod has one (one uniform branch; the scale stays folded into the FMA, as
 // without).
@@ -37,8 +44,7 @@ __device__ __forceinline__ void plain_probs_transposed(float (&acc_s)[kCols8 * 4
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e % 2);
         const float x = fmaf(acc_s[4 * j + e], scale_log2, -lse2[col]);
-        acc_s[4 * j + e] = exp2_approx(
-            mod.with_alibi(x, base + static_cast<float>(8 * j + e % 2 - 8 * (e / 2))));
+        acc_s[4 * j + e] = exp2_approx(mod.with_alibi(x, base + transposed_distance_step(j, e)));
       }
     }
   } else {
@@ -86,8 +92,7 @@ __device__ __forceinline__ void general_scores_transposed(
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * j + 2 * t + (e % 2);
       float dcap;
-      const float x = mod.finish(acc_s[4 * j + e],
-                                 base + static_cast<float>(8 * j + e % 2 - 8 * (e / 2)), dcap);
+      const float x = mod.finish(acc_s[4 * j + e], base + transposed_distance_step(j, e), dcap);
       float prob = exp2_from_lse(x, lse2[col]);
       if (masked && WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) prob = 0.0f;
       if (with_dsinks) {
