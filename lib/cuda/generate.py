@@ -24,7 +24,6 @@ HEAD_DIMS = [64, 96, 128, 192, 256]  # the fast paths; other head dims run on th
 # The Hopper forward's own head dims besides: 112, so that 100 and 104 (common in models, and
 # what a head dim off 8 is padded to) compute 7% zero columns instead of the 23% of 128.
 SM90_FWD_DIMS = sorted(HEAD_DIMS + [112])
-ALL_HEAD_DIMS = sorted(set(HEAD_DIMS) | set(SM90_FWD_DIMS))
 DTYPES = {"fp16": ("__half", "f16", "F16"), "bf16": ("__nv_bfloat16", "bf16", "BF16")}
 
 # The forward tiles per head dim. sm80: (query rows, keys, warps) per CTA. sm90: keys per block,
@@ -110,6 +109,11 @@ def kernel_table():
     return "\n".join(lines) + "\n"
 
 
+def known_head_dims():
+    """Every head dim some family of the table is instantiated for."""
+    return sorted({d for f in KERNELS for d in f.dims})
+
+
 def kernels_cmake():
     rows = []
     for f in KERNELS:
@@ -117,7 +121,7 @@ def kernels_cmake():
             for d in f.dims:
                 rows.append(f'  "{f.arch}|{d}|{dtype}|instances/{instance_name(f, d, dtype)}"')
     return (f"# {GENERATED}\n"
-            f"set(FLASHATTN_KNOWN_HEAD_DIMS {' '.join(map(str, ALL_HEAD_DIMS))})\n"
+            f"set(FLASHATTN_KNOWN_HEAD_DIMS {' '.join(map(str, known_head_dims()))})\n"
             f"set(FLASHATTN_KNOWN_DTYPES {' '.join(DTYPES)})\n"
             "# arch|head dim|dtype|file (relative to lib/cuda)\n"
             "set(FLASHATTN_KERNEL_INSTANCES\n" + "\n".join(rows) + ")\n")

@@ -180,23 +180,14 @@ template <class Params>
 __host__ __device__ inline const float* dsinks_of(const Params&) { return nullptr; }
 __host__ __device__ inline const float* dsinks_of(const cuda::BwdParams& p) { return p.dsinks; }
 
-// The same from the parameters, for a backward launcher choosing between its kernels compiled
-// for each (the general loop also sums the sinks' gradient, common/dsink.cuh). A window's left
-// bound alone takes the plain loop, which masks with the whole window: only the blocks at the
-// window's edges need a mask, and the general loop's single pass after dP (for the softcap's
-// factor) cost the window 0.58x of causal there against the plain loop's overlap.
-template <class Params>
-__host__ __device__ inline bool needs_general(const Params& p) {
-  return p.softcap > 0.0f || p.alibi != nullptr || dsinks_of(p) != nullptr ||
-         p.cu_seqlens_q != nullptr || p.scale > kRoundedLogitScale ||
-         p.scale < -kRoundedLogitScale;
-}
-
-// The Hopper backward kernels' three loops, each compiled apart: plain attention (a window
-// too); the plain loop with ALiBi's bias and the sinks' gradient, which leave dS = P (dP - D)
-// alone and so keep its overlap (in the general loop they ran at 0.79x and 0.70x of causal; in
-// the plain kernel itself their registers spilled and cost plain attention 7%, kernel-log run
-// 77); and the general loop (a softcap's factor on dS, a huge scale, a packed batch).
+// The backward kernels' loops, each compiled apart and chosen at launch from the parameters:
+// plain attention (a window too: only the blocks at its edges need a mask, and the general
+// loop's single pass after dP cost the window 0.58x of causal); the plain loop with ALiBi's
+// bias and the sinks' gradient, which leave dS = P (dP - D) alone and so keep its overlap (in
+// the general loop they ran at 0.79x and 0.70x of causal; inside the plain kernel their
+// registers spilled and cost plain attention 7%, kernel-log run 77); and the general loop (a
+// softcap's factor on dS, a huge scale, a packed batch; it also sums the sinks' gradient,
+// common/dsink.cuh). The Hopper kernels have all three; the sm80 one plain and general only.
 enum class BwdLoop { kPlain, kBiased, kGeneral };
 template <class Params>
 __host__ __device__ inline BwdLoop bwd_loop_of(const Params& p) {
@@ -205,6 +196,22 @@ __host__ __device__ inline BwdLoop bwd_loop_of(const Params& p) {
     return BwdLoop::kGeneral;
   }
   return p.alibi != nullptr || dsinks_of(p) != nullptr ? BwdLoop::kBiased : BwdLoop::kPlain;
+}
+// For a kernel without the biased loop (sm80): whether the parameters need its general one.
+template <class Params>
+__host__ __device__ inline bool needs_general(const Params& p) {
+  return bwd_loop_of(p) != BwdLoop::kPlain;
+}
+
+// kernel_of(std::integral_constant<BwdLoop, L>{}) for the loop the parameters need: a
+// launcher names its kernel once and gets the instance of each loop.
+template <class Params, class KernelOf>
+inline auto kernel_for_loop(const Params& p, KernelOf&& kernel_of) {
+  switch (bwd_loop_of(p)) {
+    case BwdLoop::kGeneral: return kernel_of(std::integral_constant<BwdLoop, BwdLoop::kGeneral>{});
+    case BwdLoop::kBiased: return kernel_of(std::integral_constant<BwdLoop, BwdLoop::kBiased>{});
+    default: return kernel_of(std::integral_constant<BwdLoop, BwdLoop::kPlain>{});
+  }
 }
 
 // Calls f(std::true_type{}) when `general`, else f(std::false_type{}): a kernel writes its loop

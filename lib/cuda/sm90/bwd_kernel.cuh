@@ -293,11 +293,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
-  using common::BwdLoop;
-  const BwdLoop loop = common::bwd_loop_of(p);
-  const auto kernel = loop == BwdLoop::kGeneral  ? bwd_kernel<T, kHeadDim, BwdLoop::kGeneral>
-                      : loop == BwdLoop::kBiased ? bwd_kernel<T, kHeadDim, BwdLoop::kBiased>
-                                                 : bwd_kernel<T, kHeadDim, BwdLoop::kPlain>;
+  const auto kernel = common::kernel_for_loop(
+      p, [](auto loop) { return bwd_kernel<T, kHeadDim, decltype(loop)::value>; });
   using Cfg = BwdConfig<kHeadDim>;
   return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
