@@ -198,7 +198,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     const bool leader = tid == 0;  // arrives on the empty barriers, issues the O store
     // Pingpong: the warpgroups issue their GEMMs in turn, round robin from warpgroup 0, each
     // waiting on its own barrier and handing the turn on after issuing, so one's softmax runs
-    // under the others' GEMMs. The last warpgroup opens each tile's first round.
+    // under the others' GEMMs. The turn runs on across tiles: the last warpgroup hands it to
+    // warpgroup 0 once its last P V of a tile is issued, so the next tile's first S runs under
+    // that P V and the last warpgroup's epilogue (handing it on only at the next tile's start
+    // left the tensor cores idle for an epilogue per tile).
     const int turn_self = kFirstNamedBarrier + cwg;
     const int turn_next = kFirstNamedBarrier + (cwg + 1) % kConsumers;
     const bool last_in_turn = cwg == kConsumers - 1;
@@ -209,6 +212,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
     const uint32_t v_addr = common::smem_u32(sV);
     RingSlot<kStages> kv;
     RingSlot<kQStages> q;
+    if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);  // the first tile's turn
 
     auto gemm_qk = [&](float(&acc)[kBlockN / 2], int q_slot, int slot) {
       // This warpgroup's 64 rows of the Q slot.
@@ -258,7 +262,6 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 
       mbar_wait(q_full + q.index, q.phase);
       if (n_end > n_begin) {
-        if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);  // warpgroup 0 first
         float acc_s[kBlockN / 2];
         uint32_t pa[kKSteps][4];
         float corr[2];
@@ -320,9 +323,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_fence();
         gemm_pv(acc_o, pa, v_slot.index);
         wgmma_commit();
-        // The last warpgroup's last turn of the tile has no taker: warpgroup 0 waits for the
-        // next tile's opening arrival instead.
+        // The turn goes on; from the last warpgroup, to warpgroup 0's next tile. (One
+        // unconditional arrive here made ptxas serialize the wgmmas, C7520; two branches do not.)
         if (!last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);
+        if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);
         wgmma_wait<0>();
         fence_registers(acc_o);
         if (leader) mbar_arrive(v_empty + v_slot.index);
@@ -383,6 +387,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       }
       q.advance();
     }
+    // The turn the last warpgroup handed on after its last tile has no taker: warpgroup 0 takes
+    // it, so that no named barrier is left half arrived.
+    if (cwg == 0) named_barrier_sync(turn_self, kTurnThreads);
     if (leader) common::bulk_wait_all();  // shared memory must outlive the last store
   }
 #endif
