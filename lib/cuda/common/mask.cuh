@@ -39,8 +39,8 @@ struct WindowMask {
 
   // The key blocks [begin, end) holding a key visible to some query of rows [m0, m0 + rows);
   // begin == end when there is none.
-  __device__ __forceinline__ void n_block_range(int m0, int rows, int block_n, int& begin,
-                                                int& end) const {
+  __host__ __device__ __forceinline__ void n_block_range(int m0, int rows, int block_n,
+                                                         int& begin, int& end) const {
     int hi = seqlen_k;  // one past the last visible key
     if (right >= 0) hi = min(hi, m0 + rows - 1 + diag + right + 1);
     const int lo = left >= 0 ? max(0, m0 + diag - left) : 0;

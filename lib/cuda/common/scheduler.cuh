@@ -4,7 +4,9 @@
 // grid has no 65535 limit: only x is used.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace flashattn {
 namespace common {
@@ -36,11 +38,11 @@ struct TileScheduler {
   // walked backwards (a snake): with tiles numbered longest first, the CTA that took the longest
   // tile of one round takes the shortest of the next, so each CTA's total comes out even.
   // Rounds only grow, so a CTA is done at its first tile >= num_tiles().
-  __device__ __forceinline__ int nth_tile(int cta, int round, int grid) const {
+  __host__ __device__ __forceinline__ int nth_tile(int cta, int round, int grid) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
 
-  __device__ __forceinline__ TileCoord at(int tile) const {
+  __host__ __device__ __forceinline__ TileCoord at(int tile) const {
     int m, bh;
     if (order == TileOrder::kLongestFirst) {
       const int heads_total = heads * batch;
@@ -54,6 +56,22 @@ struct TileScheduler {
     return TileCoord{m, bh % heads, bh / heads};
   }
 };
+
+// The most key blocks one CTA of a grid of `grid` computes when the tiles are dealt as
+// nth_tile deals them; blocks_of(m): the key blocks of query block m. A launcher weighs tile
+// orders with it (host only: a loop over every tile).
+template <class BlocksOf>
+__host__ int64_t busiest_cta_blocks(const TileScheduler& s, int grid, BlocksOf blocks_of) {
+  std::vector<int64_t> work(static_cast<size_t>(grid), 0);
+  const int64_t tiles = s.num_tiles();
+  for (int round = 0; int64_t(round) * grid < tiles; ++round) {
+    for (int cta = 0; cta < grid; ++cta) {
+      const int tile = s.nth_tile(cta, round, grid);
+      if (tile < tiles) work[static_cast<size_t>(cta)] += blocks_of(s.at(tile).m_block);
+    }
+  }
+  return *std::max_element(work.begin(), work.end());
+}
 
 }  // namespace common
 }  // namespace flashattn
