@@ -399,20 +399,26 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 // every tile: ~10 us at this count, against a kernel of ~1 ms).
 constexpr int64_t kOrderCheckTiles = 16384;
 // Side by side is taken while its busiest CTA has at most 1/kOrderSlack more work than longest
-// first's (its L2 reuse is worth more than that).
+// first's (its L2 reuse is worth more than that: kernel log run 82).
 constexpr int64_t kOrderSlack = 8;
+// Tiles of more query rows do enough math per K/V byte that reading K/V again costs them less
+// than side by side's looser balance (d64 on 192 rows: 3-4 % slower side by side at 512-2k keys
+// causal, while 128-row tiles gained 9-19 %; run 82): they keep longest first.
+constexpr int kSideBySideMaxRows = 128;
 
 // The order of the tiles. No right bound: every tile of a head costs alike, taken side by side
 // (neighbours share K/V in L2). A right bound (causal) makes later query blocks longer: longest
 // first over all heads keeps a persistent grid even, but each round then reads nearly every
 // head's K/V from memory again (causal 1k d128: DRAM 76 % busy, L2 hits 33 %, against 23 % and
 // 65 % without the mask; kernel log run 81); a head's blocks side by side, last first, share
-// it in L2, where dealing them so leaves no CTA with more work than longest first does.
+// it in L2, taken where dealing them so leaves the busiest CTA at most 1/kOrderSlack busier.
 template <class Cfg>
 common::TileOrder tile_order(const cuda::FwdParams& p, const common::TileScheduler& sched,
                              int grid) {
   if (p.window_right < 0) return common::TileOrder::kHeadMajor;
-  if (sched.num_tiles() > kOrderCheckTiles) return common::TileOrder::kLongestFirst;
+  if (Cfg::kBlockM > kSideBySideMaxRows || sched.num_tiles() > kOrderCheckTiles) {
+    return common::TileOrder::kLongestFirst;
+  }
   const common::WindowMask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
   auto blocks_of = [&](int m) {
     int begin, end;
