@@ -395,42 +395,25 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
 #endif
 }
 
-// Tiles up to which the launcher deals both orders on the host to compare them (a loop over
-// every tile: ~10 us at this count, against a kernel of ~1 ms).
-constexpr int64_t kOrderCheckTiles = 16384;
-// Side by side is taken while its busiest CTA has at most 1/kOrderSlack more work than longest
-// first's (its L2 reuse is worth more than that: kernel log run 82).
-constexpr int64_t kOrderSlack = 8;
 // Tiles of more query rows do enough math per K/V byte that reading K/V again costs them less
 // than side by side's looser balance (d64 on 192 rows: 3-4 % slower side by side at 512-2k keys
-// causal, while 128-row tiles gained 9-19 %; run 82): they keep longest first.
+// causal, while 128-row tiles gained 9-19 %; kernel log run 82): they keep longest first.
 constexpr int kSideBySideMaxRows = 128;
 
 // The order of the tiles. No right bound: every tile of a head costs alike, taken side by side
-// (neighbours share K/V in L2). A right bound (causal) makes later query blocks longer: longest
-// first over all heads keeps a persistent grid even, but each round then reads nearly every
-// head's K/V from memory again (causal 1k d128: DRAM 76 % busy, L2 hits 33 %, against 23 % and
-// 65 % without the mask; kernel log run 81); a head's blocks side by side, last first, share
-// it in L2, taken where dealing them so leaves the busiest CTA at most 1/kOrderSlack busier.
+// (neighbours share K/V in L2). A right bound (causal) makes later query blocks longer: see
+// common::side_by_side_if_balanced.
 template <class Cfg>
 common::TileOrder tile_order(const cuda::FwdParams& p, const common::TileScheduler& sched,
                              int grid) {
   if (p.window_right < 0) return common::TileOrder::kHeadMajor;
-  if (Cfg::kBlockM > kSideBySideMaxRows || sched.num_tiles() > kOrderCheckTiles) {
-    return common::TileOrder::kLongestFirst;
-  }
+  if (Cfg::kBlockM > kSideBySideMaxRows) return common::TileOrder::kLongestFirst;
   const common::WindowMask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-  auto blocks_of = [&](int m) {
+  return common::side_by_side_if_balanced(sched, grid, [&](int m) {
     int begin, end;
     mask.n_block_range(m * Cfg::kBlockM, Cfg::kBlockM, Cfg::kBlockN, begin, end);
     return end - begin;
-  };
-  common::TileScheduler side_by_side = sched, longest_first = sched;
-  side_by_side.order = common::TileOrder::kHeadMajorReversed;
-  longest_first.order = common::TileOrder::kLongestFirst;
-  const int64_t a = common::busiest_cta_blocks(side_by_side, grid, blocks_of);
-  const int64_t b = common::busiest_cta_blocks(longest_first, grid, blocks_of);
-  return a <= b + b / kOrderSlack ? side_by_side.order : longest_first.order;
+  });
 }
 
 // Encodes the tensor maps and launches a persistent grid. cudaErrorNotSupported when the

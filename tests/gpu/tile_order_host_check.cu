@@ -1,0 +1,98 @@
+// The persistent grid's tile orders (lib/cuda/common/scheduler.cuh), on the host, no GPU: every
+// order deals every tile exactly once, the busiest CTA's work is counted as nth_tile deals, and
+// a causal forward takes its heads' tiles side by side only where that keeps the grid even
+// (the shapes of the kernel log's run 82).
+#include <doctest/doctest.h>
+
+#include <set>
+#include <tuple>
+
+#include "cuda/common/mask.cuh"
+#include "cuda/common/scheduler.cuh"
+
+namespace fc = flashattn::common;
+
+namespace {
+
+constexpr fc::TileOrder kOrders[] = {fc::TileOrder::kHeadMajor,
+                                     fc::TileOrder::kHeadMajorReversed,
+                                     fc::TileOrder::kLongestFirst};
+
+// The key blocks of each query block under a causal mask, for tiles of block_m x block_n.
+struct CausalBlocks {
+  fc::WindowMask mask;
+  int block_m, block_n;
+  int operator()(int m) const {
+    int begin, end;
+    mask.n_block_range(m * block_m, block_m, block_n, begin, end);
+    return end - begin;
+  }
+};
+
+fc::TileOrder causal_order(int seqlen, int heads, int block_m, int block_n, int sm_count) {
+  const fc::TileScheduler s{(seqlen + block_m - 1) / block_m, heads, 1};
+  const int grid = s.num_tiles() < sm_count ? static_cast<int>(s.num_tiles()) : sm_count;
+  const CausalBlocks blocks{fc::WindowMask(seqlen, seqlen, -1, 0), block_m, block_n};
+  return fc::side_by_side_if_balanced(s, grid, blocks);
+}
+
+}  // namespace
+
+TEST_SUITE("cuda_tile_order") {
+
+TEST_CASE("every order deals every tile to exactly one CTA") {
+  for (fc::TileOrder order : kOrders)
+    for (int m_blocks = 1; m_blocks <= 7; ++m_blocks)
+      for (int heads = 1; heads <= 4; ++heads)
+        for (int batch = 1; batch <= 3; ++batch)
+          for (int grid = 1; grid <= 11; ++grid) {
+            const fc::TileScheduler s{m_blocks, heads, batch, order};
+            std::set<std::tuple<int, int, int>> seen;
+            int dealt = 0;
+            for (int round = 0; int64_t(round) * grid < s.num_tiles(); ++round)
+              for (int cta = 0; cta < grid; ++cta) {
+                const int tile = s.nth_tile(cta, round, grid);
+                if (tile >= s.num_tiles()) continue;
+                const fc::TileCoord c = s.at(tile);
+                REQUIRE(c.m_block >= 0);
+                REQUIRE(c.m_block < m_blocks);
+                REQUIRE(c.head >= 0);
+                REQUIRE(c.head < heads);
+                REQUIRE(c.batch >= 0);
+                REQUIRE(c.batch < batch);
+                seen.insert({c.m_block, c.head, c.batch});
+                ++dealt;
+              }
+            CHECK(dealt == s.num_tiles());
+            CHECK(static_cast<int64_t>(seen.size()) == s.num_tiles());
+          }
+}
+
+TEST_CASE("the busiest CTA's blocks, counted as the rounds deal them") {
+  // Two query blocks of 1 and 2 key blocks, two heads, two CTAs. Longest first: round 0 gives
+  // both CTAs a 2, the snake's round 1 both a 1. Side by side: 2 + 1 each as well. Three CTAs,
+  // side by side: round 0 deals 2, 1, 2; round 1 (backwards) gives the last CTA the 1.
+  const auto blocks = [](int m) { return m + 1; };
+  fc::TileScheduler s{2, 2, 1, fc::TileOrder::kLongestFirst};
+  CHECK(fc::busiest_cta_blocks(s, 2, blocks) == 3);
+  s.order = fc::TileOrder::kHeadMajorReversed;
+  CHECK(fc::busiest_cta_blocks(s, 2, blocks) == 3);
+  CHECK(fc::busiest_cta_blocks(s, 3, blocks) == 3);
+  CHECK(fc::busiest_cta_blocks(s, 4, blocks) == 2);
+}
+
+TEST_CASE("a causal forward's order: side by side where the grid stays even") {
+  constexpr int kSms = 132;  // the H100's and H200's
+  // d128 tiles (128 x 128) of the papers' sweep: 16k tokens, 16 heads per sequence.
+  CHECK(causal_order(1024, 16 * 16, 128, 128, kSms) == fc::TileOrder::kHeadMajorReversed);
+  CHECK(causal_order(2048, 8 * 16, 128, 128, kSms) == fc::TileOrder::kHeadMajorReversed);
+  CHECK(causal_order(8192, 2 * 16, 128, 128, kSms) == fc::TileOrder::kHeadMajorReversed);
+  // One head's blocks fill most of a round: side by side would leave CTAs 1.5x busier.
+  CHECK(causal_order(16384, 16, 128, 128, kSms) == fc::TileOrder::kLongestFirst);
+  // 48 heads of 6 blocks on 132 CTAs: side by side deals some CTAs 1.7x the mean.
+  CHECK(causal_order(700, 48, 128, 128, kSms) == fc::TileOrder::kLongestFirst);
+  // More tiles than the host deals for a comparison: longest first.
+  CHECK(causal_order(1024, 3000, 128, 128, kSms) == fc::TileOrder::kLongestFirst);
+}
+
+}  // TEST_SUITE
