@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# A/B of kernel changes in one GPU machine call: builds this tree and the trees before each of
+# a series of patches, times the forward sweep of each with cuda_benchmark (two repetitions,
+# interleaved), and prints one table of TFLOP/s per shape with each variant's ratio to the first.
+#
+#   scripts/gpu/ab-bench.sh PATCH_DIR [-- CUDA_BENCHMARK_ARGS...]
+#
+# PATCH_DIR holds NN.patch files (git diff, applied in name order). v0 is this tree with every
+# patch reversed, vi is v0 plus patches 1..i, the last variant is this tree itself. Put the
+# folder where the device call carries it (an ignored folder named in `carry`, e.g. .carry/).
+# CUDA_BENCHMARK_ARGS default to the forward sweep: --algo flash --fwd --no-gpt2 --dims
+# 64,128,256 --seqlens 512,...,16384 --causal both.
+#
+# Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a),
+# NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory and scheduler sections of
+# the last variant's forward kernel on those shapes, into ncu.txt).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+[ $# -ge 1 ] || { sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 2; }
+patch_dir=$(cd "$1" && pwd); shift
+[ "${1:-}" = "--" ] && shift
+bench_args=("$@")
+[ ${#bench_args[@]} -eq 0 ] && bench_args=(--algo flash --fwd --no-gpt2 --dims 64,128,256
+  --seqlens 512,1024,2048,4096,8192,16384 --causal both)
+out=${OUT:-$root/gpu-out}
+mkdir -p "$out"
+t0=$SECONDS
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+
+patches=("$patch_dir"/*.patch)
+n=${#patches[@]}
+variants=()
+for i in $(seq 0 "$n"); do variants+=("v$i"); done
+dir_of() { if [ "$1" = "v$n" ]; then echo "$root"; else echo "/tmp/ab-$1"; fi; }
+for v in "${variants[@]}"; do
+  dir=$(dir_of "$v")
+  if [ "$dir" != "$root" ]; then
+    rm -rf "$dir"; mkdir -p "$dir"
+    tar --exclude='./build*' --exclude=./.carry -cf - . | tar -xf - -C "$dir"
+    for ((j = n - 1; j >= ${v#v}; j--)); do
+      (cd "$dir" && patch -s -R -p1 < "${patches[$j]}") || { echo "ab-bench: reversing ${patches[$j]} for $v failed"; exit 1; }
+    done
+  fi
+  { cmake -S "$dir" -B "$dir/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DFLASHATTN_CUDA_ARCHS="${ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_EXAMPLES=ON &&
+    ninja -C "$dir/build-ab" flashattn cuda_benchmark; } > "/tmp/ab-build-$v.log" 2>&1 ||
+    { echo "ab-bench: build of $v failed"; tail -30 "/tmp/ab-build-$v.log"; exit 1; }
+  echo "built $v at $((SECONDS - t0)) s"
+done
+for rep in 1 2; do
+  for v in "${variants[@]}"; do
+    "$(dir_of "$v")/build-ab/examples/cuda/cuda_benchmark" "${bench_args[@]}" \
+      --csv "/tmp/ab-$v-$rep.csv" > "/tmp/ab-$v-$rep.log" 2>&1 || echo "ab-bench: benchmark of $v failed"
+  done
+done
+python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
+import csv, glob, sys
+vs = sys.argv[1:]
+rows = {}
+for v in vs:
+    for f in sorted(glob.glob(f"/tmp/ab-{v}-*.csv")):
+        for r in csv.DictReader(open(f)):
+            if r["status"] != "ok" or float(r["tflops"]) <= 0:
+                continue
+            key = (r["mode"], int(r["head_dim"]), int(r["seqlen"]), r["causal"])
+            rows.setdefault(key, {}).setdefault(v, []).append(float(r["tflops"]))
+print("TFLOP/s per variant (each repetition), cuda_benchmark; ratio: best of each against v0's best")
+for key in sorted(rows):
+    per = rows[key]
+    cells = "  ".join("%s:%s" % (v, "/".join("%.0f" % x for x in per.get(v, []))) for v in vs)
+    base = max(per.get(vs[0], [0]))
+    ratio = " ".join("%.3f" % (max(per[v]) / base) for v in vs[1:] if v in per and base > 0)
+    print("%-6s d%-4d n%-6d causal=%-2s %s  ratio %s" % (key + (cells, ratio)))
+PY
+if [ -n "${NCU:-}" ]; then
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for shape in $NCU; do
+    IFS=: read -r d s c <<< "$shape"
+    echo "== ncu d$d n$s causal=$c ==" >> "$out/ncu.txt"
+    timeout 120 "$ncu" --clock-control none -k regex:fwd_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section SchedulerStats \
+      "$root/build-ab/examples/cuda/cuda_benchmark" --algo flash --fwd --dims "$d" --seqlens "$s" \
+      --causal "$c" --no-gpt2 --reps 1 --warmup 3 >> "$out/ncu.txt" 2>&1
+  done
+fi
+echo "ab-bench: $((SECONDS - t0)) s"
+cat "$out/ab.txt"
