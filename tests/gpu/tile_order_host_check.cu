@@ -6,6 +6,7 @@
 
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "cuda/common/mask.cuh"
 #include "cuda/common/scheduler.cuh"
@@ -72,7 +73,7 @@ TEST_CASE("the busiest CTA's blocks, counted as the rounds deal them") {
   // Two query blocks of 1 and 2 key blocks, two heads, two CTAs. Longest first: round 0 gives
   // both CTAs a 2, the snake's round 1 both a 1. Side by side: 2 + 1 each as well. Three CTAs,
   // side by side: round 0 deals 2, 1, 2; round 1 (backwards) gives the last CTA the 1.
-  const auto blocks = [](int m) { return m + 1; };
+  const std::vector<int> blocks = {1, 2};  // key blocks of query blocks 0 and 1
   fc::TileScheduler s{2, 2, 1, fc::TileOrder::kLongestFirst};
   CHECK(fc::busiest_cta_blocks(s, 2, blocks) == 3);
   s.order = fc::TileOrder::kHeadMajorReversed;
@@ -93,6 +94,25 @@ TEST_CASE("a causal forward's order: side by side where the grid stays even") {
   CHECK(causal_order(700, 48, 128, 128, kSms) == fc::TileOrder::kLongestFirst);
   // More tiles than the host deals for a comparison: longest first.
   CHECK(causal_order(1024, 3000, 128, 128, kSms) == fc::TileOrder::kLongestFirst);
+}
+
+TEST_CASE("a shape asked again gets its own answer, whatever was asked between") {
+  // The last answer is kept per thread; shapes that differ only in heads, grid or mask must
+  // not take another's.
+  for (int round = 0; round < 2; ++round) {
+    CHECK(causal_order(16384, 16, 128, 128, 132) == fc::TileOrder::kLongestFirst);
+    CHECK(causal_order(8192, 32, 128, 128, 132) == fc::TileOrder::kHeadMajorReversed);
+    CHECK(causal_order(700, 48, 128, 128, 132) == fc::TileOrder::kLongestFirst);
+    CHECK(causal_order(1024, 256, 128, 128, 132) == fc::TileOrder::kHeadMajorReversed);
+  }
+  // The same heads, query blocks and grid under another mask: equal tiles deal alike in both
+  // orders (side by side), the causal ones do not (longest first).
+  const fc::TileScheduler s{6, 48, 1};
+  const CausalBlocks causal{fc::WindowMask(700, 700, -1, 0), 128, 128};
+  const CausalBlocks full{fc::WindowMask(700, 700, -1, -1), 128, 128};
+  CHECK(fc::side_by_side_if_balanced(s, 132, causal) == fc::TileOrder::kLongestFirst);
+  CHECK(fc::side_by_side_if_balanced(s, 132, full) == fc::TileOrder::kHeadMajorReversed);
+  CHECK(fc::side_by_side_if_balanced(s, 132, causal) == fc::TileOrder::kLongestFirst);
 }
 
 }  // TEST_SUITE
