@@ -2,10 +2,10 @@
 // 4 j + e at key key0 + 8 (e / 2) and query q0 + 8 j + 2 t + e % 2 (WindowMask::apply_transposed's
 // layout with one m-tile).
 //
-// The plain loop: P^T from S^T while the dP^T GEMM still runs (plain_probs_transposed, with
-// ALiBi's bias when the head has one), the masks, then, once dP^T is complete, the sinks' share
-// of their gradient (add_dsinks_transposed). Neither changes dS = P (dP - D), so both keep the
-// loop's overlap.
+// The plain loop: P^T from S^T and the masks while the dP^T GEMM still runs
+// (plain_scores_transposed, with ALiBi's bias when the head has one), then, once dP^T is
+// complete, the sinks' share of their gradient (add_dsinks_transposed). Neither changes
+// dS = P (dP - D), so both keep the loop's overlap.
 //
 // The general loop (a softcap or a huge scale; general_scores_transposed): in one pass, once
 // both S^T and dP^T are complete, S^T becomes P^T (the mod's logits, the masks), dP^T becomes
@@ -28,14 +28,18 @@ __device__ __forceinline__ constexpr float transposed_distance_step(int j, int e
   return static_cast<float>(8 * j + e % 2 - 8 * (e / 2));
 }
 
-// P^T = exp2(S^T scale log2(e) - LSE log2(e)), less ALiBi's slope times the distance when
-// kBias and the mod has one (one uniform branch; the scale stays folded into the FMA, as
-// without).
+// The plain loop's P^T = exp2(S^T scale log2(e) - LSE log2(e)), less ALiBi's slope times the
+// distance when kBias and the mod has one (one uniform branch; the scale stays folded into the
+// FMA, as without), then the masks where some key of the block [n0, n0 + block_n) is hidden
+// from some query of the step [m0, m0 + block_m) (asked after the exponentials, so that they
+// issue first).
 template <int kCols8, bool kBias>  // query columns / 8; ALiBi compiled in
-__device__ __forceinline__ void plain_probs_transposed(float (&acc_s)[kCols8 * 4],
-                                                       const float* lse2, float scale_log2,
-                                                       const ScoreMod& mod, int key0, int q0,
-                                                       int t) {
+__device__ __forceinline__ void plain_scores_transposed(float (&acc_s)[kCols8 * 4],
+                                                        const float* lse2, float scale_log2,
+                                                        const ScoreMod& mod,
+                                                        const WindowMask& mask, int m0,
+                                                        int block_m, int n0, int block_n,
+                                                        int key0, int q0, int t) {
   if (kBias && mod.alibi) {
     const float base = mod.distance(q0 + 2 * t, key0);
 #pragma unroll
@@ -56,6 +60,9 @@ __device__ __forceinline__ void plain_probs_transposed(float (&acc_s)[kCols8 * 4
         acc_s[4 * j + e] = exp2_approx(fmaf(acc_s[4 * j + e], scale_log2, -lse2[col]));
       }
     }
+  }
+  if (mask.needs_mask(m0, block_m, n0, block_n)) {
+    mask.apply_transposed<1, kCols8>(acc_s, key0, q0 + 2 * t, 0.0f);
   }
 }
 

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
     uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
+    const common::WindowMask mask = blk.mask(p);  // the whole window, a left bound too
     if constexpr (kGeneral) {
       wgmma_wait<0>();
       fence_registers(acc_s);
@@ -151,12 +151,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           n0 + wg * 64 + warp * 16 + g, m0, t, common::sink_log2_of(p, head), with_dsinks, dsink);
     } else {
       const int key0 = n0 + wg * 64 + warp * 16 + g;
-      common::plain_probs_transposed<kBlockM / 8, kBiased>(acc_s, lse2, p.scale_log2, mod, key0,
-                                                           m0, t);
-      // Masks, only where some key of the block is hidden from some query of the step.
-      if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kBlockM / 8>(acc_s, key0, m0 + 2 * t, 0.0f);
-      }
+      common::plain_scores_transposed<kBlockM / 8, kBiased>(
+          acc_s, lse2, p.scale_log2, mod, mask, m0, kBlockM, n0, kBlockN, key0, m0, t);
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }

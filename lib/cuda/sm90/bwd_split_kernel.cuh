@@ -157,10 +157,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     fence_registers(acc_s);
 
     // P^T in place of S^T. Element (row, col) = (key 16 warp + g (+8), query 8 j + 2 t (+1) of
-    // this warpgroup's 32). In the general loop (common::specialize) the exponentials wait for
-    // dP^T, so that dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
+    // this warpgroup's 32). In the general loop the exponentials wait for dP^T, so that
+    // dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
+    const common::WindowMask mask = blk.mask(p);  // the whole window, a left bound too
     if constexpr (kGeneral) {
       wgmma_wait<0>();
       fence_registers(acc_s);
@@ -173,12 +173,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     } else {
       const int key0 = n0 + warp * 16 + g;
       const int q0 = m0 + wg * kQSplit;
-      common::plain_probs_transposed<kQSplit / 8, kBiased>(acc_s, lse2, p.scale_log2, mod, key0,
-                                                           q0, t);
-      // Masks, only where some key of the block is hidden from some query of the step.
-      if (mask.needs_mask(m0, kBlockM, n0, kBlockN)) {
-        mask.apply_transposed<1, kQSplit / 8>(acc_s, key0, q0 + 2 * t, 0.0f);
-      }
+      common::plain_scores_transposed<kQSplit / 8, kBiased>(
+          acc_s, lse2, p.scale_log2, mod, mask, m0, kBlockM, n0, kBlockN, key0, q0, t);
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
