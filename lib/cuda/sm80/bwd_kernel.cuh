@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // With a softcap or ALiBi, P = exp2(logit2 - LSE_log2) and dS takes the softcap's factor.
     const bool need_mask = blk.mask(p).needs_mask(m0, kBlockM, n0, kBlockN);
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
-    const common::WindowMask mask = blk.mask(p);  // a left bound too (needs_general)
+    const common::WindowMask mask = blk.mask(p);  // the whole window, a left bound too
     const float sink2 = common::sink_log2_of(p, head);
     const bool modded = kGeneral && mod.active();
     if (modded) mod.prepare<kSM * kSN * 4>(&acc_s[0][0][0]);
