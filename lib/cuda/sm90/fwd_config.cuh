@@ -18,6 +18,11 @@ struct FwdConfig {
   static constexpr int kBlockN = FwdTiles<kHeadDim>::kBlockN;
   static constexpr int kStages = FwdTiles<kHeadDim>::kStages;
   static constexpr int kNThreads = 128 * (1 + kConsumers);
+  // Whether a warpgroup's 64 rows can see fewer key blocks than its tile's (the upper rows of a
+  // causal tile): only where a key block does not span whole tiles. Elsewhere the per-warpgroup
+  // block range would cost code and never skip a block (d128: 3-4 % slower at causal 1k-2k,
+  // kernel log run 84).
+  static constexpr bool kOwnBlocks = kBlockN % kBlockM != 0;
 
   // setmaxnreg budgets: the entry budget (the register file over the threads, in steps of 8)
   // shifted from the producer, which needs few, to the consumers.

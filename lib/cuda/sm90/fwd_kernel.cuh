@@ -261,13 +261,39 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       softmax.reset();
 
       mbar_wait(q_full + q.index, q.phase);
-      if (n_end > n_begin) {
+      // This warpgroup's own key blocks [own_begin, own_end): where Cfg::kOwnBlocks, its 64 rows
+      // may see fewer than the tile's (the upper rows of a causal tile, rows past the sequence's
+      // end, a window's edge). It passes the others: their K and V slots released once loaded,
+      // its turn taken without a GEMM, so the rings and the turns stay in step with the other
+      // warpgroups. (The turn is handed on before V is waited for: the next S needs only K.)
+      int own_begin = n_begin, own_end = n_end;
+      auto pass_block = [&]() {
+        mbar_wait(k_full + kv.index, kv.phase);
+        if (leader) mbar_arrive(k_empty + kv.index);
+        named_barrier_sync(turn_self, kTurnThreads);
+        named_barrier_arrive(turn_next, kTurnThreads);
+        mbar_wait(v_full + kv.index, kv.phase);
+        if (leader) mbar_arrive(v_empty + kv.index);
+        kv.advance();
+      };
+      if constexpr (Cfg::kOwnBlocks) {
+        own_end = n_begin;  // none, unless its rows see some
+        const int own_rows = min(64, max(0, seq.seqlen_q - (m0 + 64 * cwg)));
+        if (n_end > n_begin && own_rows > 0) {
+          mask.n_block_range(m0 + 64 * cwg, own_rows, kBlockN, own_begin, own_end);
+          own_begin = max(own_begin, n_begin);
+          own_end = min(own_end, n_end);
+          if (own_end <= own_begin) own_begin = own_end = n_begin;
+        }
+        for (int n = n_end - 1; n >= own_end; --n) pass_block();
+      }
+      if (own_end > own_begin) {
         float acc_s[kBlockN / 2];
         uint32_t pa[kKSteps][4];
         float corr[2];
 
         // The last key block: S alone.
-        int n = n_end - 1;
+        int n = own_end - 1;
         mbar_wait(k_full + kv.index, kv.phase);
         named_barrier_sync(turn_self, kTurnThreads);
         wgmma_fence();
@@ -287,7 +313,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         kv.advance();
 
         // Each further block: issue its S, then P V of the block before; softmax under both.
-        for (n = n_end - 2; n >= n_begin; --n) {
+        for (n = own_end - 2; n >= own_begin; --n) {
           mbar_wait(k_full + kv.index, kv.phase);
           fence_registers(pa);  // P is packed before the fence that orders it for the wgmma
           named_barrier_sync(turn_self, kTurnThreads);
@@ -330,6 +356,15 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_o);
         if (leader) mbar_arrive(v_empty + v_slot.index);
+      }
+      if constexpr (Cfg::kOwnBlocks) {
+        for (int n = own_begin - 1; n >= n_begin; --n) pass_block();
+        if (n_end > n_begin && own_end <= own_begin) {
+          // Without blocks of its own it has taken one turn per block: the turn its last P V
+          // would have taken remains.
+          named_barrier_sync(turn_self, kTurnThreads);
+          named_barrier_arrive(turn_next, kTurnThreads);
+        }
       }
       // With its own O tile, Q is free once the GEMMs are done: the next tile's Q loads under
       // this epilogue.
