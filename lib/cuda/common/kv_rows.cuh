@@ -40,7 +40,15 @@ struct KvRows {
   // Row n (of the sequence).
   __device__ __forceinline__ const T* row(int n) const {
     if (table == nullptr) return data + int64_t(offset + n) * row_stride;
-    const int page = table[(n / page_size) * table_stride];
+    return row_in(page_of(n), n);
+  }
+  // Paged: the page (block table entry) of row n, which must lie inside the sequence. Looked up
+  // ahead of the copies that need it (row_in), its read need not hold them up.
+  __device__ __forceinline__ int page_of(int n) const {
+    return table[(n / page_size) * table_stride];
+  }
+  // Paged: row n of page `page` (= page_of(n)).
+  __device__ __forceinline__ const T* row_in(int page, int n) const {
     return data + int64_t(page) * batch_stride + int64_t(n % page_size) * row_stride;
   }
   // Whether rows [n0, n0 + rows) lie one row stride apart from row(n0): always, unless paged

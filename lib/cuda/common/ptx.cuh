@@ -122,5 +122,20 @@ __device__ __forceinline__ void bulk_wait_all() {
 #endif
 }
 
+// Programmatic dependent launch (sm_90 on; no-ops before, where the launch attribute is not
+// set): a grid lets the next kernel of its stream start launching (its CTAs then run up to
+// wait_for_prior_grid) ...
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// ... which waits until the grid before it has completed and its writes are visible.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 }  // namespace common
 }  // namespace flashattn

@@ -55,9 +55,20 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// The rows of a tile that one thread's copies in load_tile and load_tile_rows write: tid / 8 +
+// i * kThreads / 8 for i < count (eight threads share a row, a 16-byte chunk each).
+template <class Tile, int kThreads>
+struct ThreadTileRows {
+  static constexpr int kStep = kThreads / 8;
+  static constexpr int kCount = Tile::kRows / kStep;
+  __device__ __forceinline__ static int row(int tid, int i) { return tid / 8 + i * kStep; }
+};
+
 // load_tile for rows that do not lie one stride apart (a paged KV cache whose pages are shorter
-// than the tile): row r of the tile from row_of(r), a callable giving its first element; rows
-// [0, rows_valid) (kFromRow: [rows_begin, rows_valid)) are read, the rest zero-filled.
+// than the tile): row r of the tile from row_of(i, r), a callable giving its first element, i
+// being r's place among this thread's rows (r = tid / 8 + i * kThreads / 8: see
+// ThreadTileRows); rows [0, rows_valid) (kFromRow: [rows_begin, rows_valid)) are read, the
+// rest zero-filled.
 template <class Tile, int kThreads, bool kFromRow = false, class T, class RowOf>
 __device__ __forceinline__ void load_tile_rows(T* smem, const RowOf& row_of, int rows_valid,
                                                int cols_valid, int tid, const T* any_valid,
@@ -71,7 +82,7 @@ __device__ __forceinline__ void load_tile_rows(T* smem, const RowOf& row_of, int
   for (int i = 0; i < Tile::kRows / kRowStep; ++i) {
     const int row = row0 + i * kRowStep;
     const bool row_ok = row < rows_valid && (!kFromRow || row >= rows_begin);
-    const T* g = row_ok ? row_of(row) + chunk * 8 : any_valid;
+    const T* g = row_ok ? row_of(i, row) + chunk * 8 : any_valid;
 #pragma unroll
     for (int cb = 0; cb < Tile::kColBlocks; ++cb) {
       const int left = cols_valid - (cb * 64 + chunk * 8);

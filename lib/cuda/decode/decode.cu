@@ -54,6 +54,8 @@ constexpr size_t kSmemPerSm = 228 * 1024;
 constexpr size_t kSmemReservedPerCta = 1024;
 // A split reads at least this many key blocks: fewer make the merge cost more than it saves.
 constexpr int kMinBlocksPerSplit = 4;
+// Programmatic dependent launch (the merge's launch under the decode grid) from sm_90 on.
+constexpr int kOverlapLaunchMajor = 9;
 // The fewest splits whose last wave is at least this full, relative to the best split count's.
 constexpr double kWaveEfficiency = 0.95;
 
@@ -118,6 +120,7 @@ DecodePlan plan_decode(const Problem& p, const DeviceInfo& dev) {
   splits = std::max<int64_t>(1, splits);
   plan.split.splits = static_cast<int>(splits);
   plan.split.blocks_per_split = static_cast<int>(per_split);
+  plan.split.overlap_launch = dev.sm_major >= kOverlapLaunchMajor;
   if (splits > 1) {
     const size_t rows = static_cast<size_t>(splits * p.batch * p.heads_q * p.seqlen_q);
     plan.workspace_bytes = rows * static_cast<size_t>(plan.head_dim) * 4 + rows * 4;

@@ -86,6 +86,9 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane / 4;
   const int t = lane % 4;
 
+  // The merge of the splits (launched to overlap this grid where DecodeSplit::overlap_launch)
+  // may start launching: it waits for this grid's end before it reads anything.
+  common::launch_dependents();
   const common::SeqlenInfo seq(p, batch);
   const common::WindowMask mask = common::mask_of(p, seq);
   // The keys [key_lo, key_hi] every row sees (the first token's: the plan admits no other kind).
@@ -117,33 +120,62 @@ __global__ void __launch_bounds__(kThreads)
                                  batch, head_kv, seq.offset_k);
   const common::KvRows<T> v_rows(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                                  batch, head_kv, seq.offset_k);
-  auto load_block = [&](int b, int stage) {
+  // A paged cache's pages of block b, as this thread's copies need them: the page of the
+  // block's first row where the block lies inside one page, else the page of each of its rows
+  // (ThreadTileRows). Looked up a block ahead of the block's copies, so that the block table's
+  // read (a dependent load per block) is not waited for in front of them.
+  using Rows = common::ThreadTileRows<TileKV, kThreads>;
+  struct BlockPages {
+    int page[Rows::kCount];
+  };
+  auto look_up_pages = [&](int b, BlockPages& pg) {
+    if (!k_rows.paged()) return;
+    const int n0 = b * kBlockN;
+    if (k_rows.strided(n0, kBlockN)) {
+      pg.page[0] = k_rows.page_of(n0);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < Rows::kCount; ++i) {
+      const int n = n0 + Rows::row(tid, i);
+      pg.page[i] = n < seq.seqlen_k ? k_rows.page_of(n) : 0;  // rows past the end: not read
+    }
+  };
+  auto load_block = [&](int b, int stage, const BlockPages& pg) {
     const int n0 = b * kBlockN;
     T* sK = ring + stage * Cfg::kStageElems;
     T* sV = sK + TileKV::kElems;
     const int k_valid = seq.seqlen_k - n0, v_valid = key_hi + 1 - n0, v_from = key_lo - n0;
     // A block inside one page (always, when the pages hold whole blocks) is one strided tile.
     if (k_rows.strided(n0, kBlockN)) {
-      common::load_tile<TileKV, kThreads>(sK, k_rows.row(n0), p.k_row_stride, k_valid,
-                                          p.head_dim, tid);
-      common::load_tile<TileKV, kThreads, true>(sV, v_rows.row(n0), p.v_row_stride, v_valid,
-                                                p.head_dim_v, tid, v_from);
+      const T* k0 = k_rows.paged() ? k_rows.row_in(pg.page[0], n0) : k_rows.row(n0);
+      const T* v0 = v_rows.paged() ? v_rows.row_in(pg.page[0], n0) : v_rows.row(n0);
+      common::load_tile<TileKV, kThreads>(sK, k0, p.k_row_stride, k_valid, p.head_dim, tid);
+      common::load_tile<TileKV, kThreads, true>(sV, v0, p.v_row_stride, v_valid, p.head_dim_v,
+                                                tid, v_from);
     } else {
       const T* any_k = static_cast<const T*>(p.k);
       const T* any_v = static_cast<const T*>(p.v);
       common::load_tile_rows<TileKV, kThreads>(
-          sK, [&](int r) { return k_rows.row(n0 + r); }, k_valid, p.head_dim, tid, any_k);
+          sK, [&](int i, int r) { return k_rows.row_in(pg.page[i], n0 + r); }, k_valid,
+          p.head_dim, tid, any_k);
       common::load_tile_rows<TileKV, kThreads, true>(
-          sV, [&](int r) { return v_rows.row(n0 + r); }, v_valid, p.head_dim_v, tid, any_v,
-          v_from);
+          sV, [&](int i, int r) { return v_rows.row_in(pg.page[i], n0 + r); }, v_valid,
+          p.head_dim_v, tid, any_v, v_from);
     }
   };
-  // The ring's first kStages - 1 blocks, a cp.async group each (Q in the first).
+  // The ring's first kStages - 1 blocks, a cp.async group each (Q in the first); the pages of
+  // the loop's first block looked up behind them.
+  BlockPages pages;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (b_begin + i < b_end) load_block(b_begin + i, i);
+    if (b_begin + i < b_end) {
+      look_up_pages(b_begin + i, pages);
+      load_block(b_begin + i, i, pages);
+    }
     common::cp_async_commit();
   }
+  if (b_begin + kStages - 1 < b_end) look_up_pages(b_begin + kStages - 1, pages);
 
   // This thread's two rows (g and g + 8): their tokens, heads and score mods.
   PackedRow rows[2];
@@ -169,8 +201,9 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = (b - b_begin) % kStages;
     // The block kStages - 1 ahead into the slot block b - 1 left (every warp is done with it).
     const int ahead = b + kStages - 1;
-    if (ahead < b_end) load_block(ahead, (stage + kStages - 1) % kStages);
+    if (ahead < b_end) load_block(ahead, (stage + kStages - 1) % kStages, pages);
     common::cp_async_commit();
+    if (ahead + 1 < b_end) look_up_pages(ahead + 1, pages);
     common::cp_async_wait<kStages - 1>();
     __syncthreads();  // block b (and Q) landed for every thread's copies
     const T* sK = ring + stage * Cfg::kStageElems;
@@ -303,6 +336,7 @@ __global__ void __launch_bounds__(kThreads)
     decode_combine_kernel(const __grid_constant__ cuda::FwdParams p, const DecodeSplit split,
                           const float* partial_o, const float* partial_lse) {
   __shared__ float weights[kWarps][kMaxSplits];
+  common::wait_for_prior_grid();  // the partials are written (where its launch overlapped)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t warp_row = int64_t(blockIdx.x) * kWarps + warp;
@@ -402,9 +436,23 @@ cudaError_t launch_decode(const cuda::FwdParams& p, const DecodeSplit& split, vo
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   if (blocks > INT32_MAX) return cudaErrorNotSupported;
-  decode_combine_kernel<T, kHeadDim><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      p, split, partial_o, partial_lse);
-  return cudaGetLastError();
+  // The merge launched behind the decode grid without the launch gap between them where the
+  // device has programmatic dependent launch (sm_90 on): one-token decode grids run for tens of
+  // microseconds, of which a launch gap is several.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  if (split.overlap_launch) {
+    config.attrs = overlap;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, decode_combine_kernel<T, kHeadDim>, p, split,
+                            static_cast<const float*>(partial_o),
+                            static_cast<const float*>(partial_lse));
 }
 
 }  // namespace decode

@@ -29,6 +29,9 @@ constexpr int kMaxSplits = 128;
 struct DecodeSplit {
   int splits = 1;
   int blocks_per_split = 0;
+  // The merge of the splits launched as a programmatic dependent of the decode grid (devices of
+  // sm_90 on), its launch overlapping the decode grid's run.
+  bool overlap_launch = false;
 };
 
 // The partials in the workspace: O [splits, batch, heads_q, seqlen_q, padded head dim] (fp32,
