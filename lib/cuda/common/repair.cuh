@@ -111,6 +111,9 @@ __device__ __forceinline__ void repair_spoiled_rows(const cuda::FwdParams& p, in
   // row does not exist).
   const SeqlenInfo seq(p, batch);
   uint32_t lanes = __ballot_sync(0xffffffffu, mine != 0) & 0x11111111u;  // one lane a quad
+  // A recomputed row is written by other lanes than the fragment's: its writes ordered after
+  // write_o_fragment's (a shuffle orders no memory).
+  if (lanes != 0) __syncwarp();
   while (lanes != 0) {
     const int src = __ffs(lanes) - 1;
     lanes &= lanes - 1;
