@@ -303,13 +303,15 @@ def sweep_shapes(args):
 PAGED_DECODE_ROWS = (16, 64)
 
 
-def paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of):
-    """A forward over k, v's tokens as a paged KV cache of `rows`-row pages, shuffled; returns
-    the call (a closure over its views, which it keeps alive)."""
+def paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of, shuffled=True):
+    """A forward over k, v's tokens as a paged KV cache of `rows`-row pages, shuffled (else in
+    order: sequence after sequence); returns the call (a closure over its views, which it keeps
+    alive)."""
     import torch
     B, N, Hkv, D = k.shape
     per_seq = -(-N // rows)
-    perm = torch.randperm(B * per_seq, device=k.device)
+    perm = (torch.randperm(B * per_seq, device=k.device) if shuffled
+            else torch.arange(B * per_seq, device=k.device))
     table = perm.reshape(B, per_seq).to(torch.int32).contiguous()
     pad = per_seq * rows - N
     kp, vp = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).reshape(B * per_seq, rows, Hkv, D)
@@ -564,7 +566,8 @@ def run_gpu(args, lib):
                  (32, 8192, 1, False), (32, 32768, 1, False), (64, 4096, 1, False),
                  (32, 8192, 4, True)]
         print(f"\ndecode: {Hq} query heads over {Hkv} KV heads, d {D}, {args.dtype}; TB/s of K and V "
-              "read once (ours, FA2, cuDNN; SDPA with enable_gqa, else K/V repeated per query head)")
+              "read once (ours, FA2, cuDNN; SDPA with enable_gqa, else K/V repeated per query head); "
+              f"pages {args.decode_pages}")
         print(f"{'case':<24} {'ours':>6} " + " ".join(f"{'p' + str(r):>6}" for r in PAGED_DECODE_ROWS) +
               f" {'FA2':>6} {'cuDNN':>6} {'/cuDNN':>7} {'max|diff|':>10}")
         progress = Progress(len(cases), "decode")
@@ -588,7 +591,8 @@ def run_gpu(args, lib):
             for rows in PAGED_DECODE_ROWS:
                 paged_ms, paged_why = None, ""
                 try:
-                    forward = paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of)
+                    forward = paged_decode_call(lib, ctx, q, k, v, out, rows, causal, view_of,
+                                                shuffled=args.decode_pages == "shuffled")
                     forward()
                     paged_ms = bench(forward)
                 except FlashattnError as e:
@@ -643,7 +647,7 @@ def run_gpu(args, lib):
             json.dump({"device": props.name, "torch": torch.__version__,
                        "cudnn": torch.backends.cudnn.version(), "libflashattn": lib.version(),
                        "dtype": args.dtype, "sweep": records, "gpt2_medium": gpt2,
-                       "decode": decode,
+                       "decode": decode, "decode_pages": args.decode_pages,
                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
         print(f"\nwrote {args.out}")
         if args.plot:
@@ -672,6 +676,9 @@ def main():
     ap.add_argument("--decode", action="store_true",
                     help="also the decode cases: 32 query heads over 8 KV heads, d 128, 1 or 4 "
                          "query tokens against 4k-128k keys, in TB/s of K and V read once")
+    ap.add_argument("--decode-pages", choices=["shuffled", "ordered"], default="shuffled",
+                    help="the paged decode columns' pages: a random permutation (default), or "
+                         "in order, sequence after sequence")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--device", type=int, default=0)

@@ -11,6 +11,9 @@
 # CUDA_BENCHMARK_ARGS default to the forward sweep: --algo flash --fwd --no-gpt2 --dims
 # 64,128,256 --seqlens 512,...,16384 --causal both.
 #
+# BENCH=decode times bench/compare_sdpa.py's decode cases instead (ours contiguous and paged,
+# TB/s of K and V, beside cuDNN measured in the same process), two repetitions interleaved.
+#
 # Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a),
 # NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory and scheduler sections of
 # the last variant's forward kernel on those shapes, into ncu.txt).
@@ -50,10 +53,45 @@ for v in "${variants[@]}"; do
 done
 for rep in 1 2; do
   for v in "${variants[@]}"; do
-    "$(dir_of "$v")/build-ab/examples/cuda/cuda_benchmark" "${bench_args[@]}" \
-      --csv "/tmp/ab-$v-$rep.csv" > "/tmp/ab-$v-$rep.log" 2>&1 || echo "ab-bench: benchmark of $v failed"
+    if [ "${BENCH:-fwd}" = decode ]; then
+      python3 "$root/bench/compare_sdpa.py" --lib "$(dir_of "$v")/build-ab/lib/libflashattn.so" \
+        --no-sweep --no-gpt2 --decode --out "/tmp/ab-$v-$rep.json" > "/tmp/ab-$v-$rep.log" 2>&1 ||
+        echo "ab-bench: decode benchmark of $v failed"
+    else
+      "$(dir_of "$v")/build-ab/examples/cuda/cuda_benchmark" "${bench_args[@]}" \
+        --csv "/tmp/ab-$v-$rep.csv" > "/tmp/ab-$v-$rep.log" 2>&1 || echo "ab-bench: benchmark of $v failed"
+    fi
   done
 done
+if [ "${BENCH:-fwd}" = decode ]; then
+python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
+import glob, json, sys
+vs = sys.argv[1:]
+cases, cudnn = {}, {}
+for v in vs:
+    for f in sorted(glob.glob(f"/tmp/ab-{v}-*.json")):
+        for r in json.load(open(f)).get("decode", []):
+            key = (r["B"], r["Nk"], r["Nq"], r["causal"])
+            for col in ("ours", "ours_paged16", "ours_paged64"):
+                if r.get(col + "_TBps"):
+                    cases.setdefault(key, {}).setdefault(v, {}).setdefault(col, []).append(r[col + "_TBps"])
+            if r.get("cudnn_TBps"):
+                cudnn.setdefault(key, []).append(r["cudnn_TBps"])
+print("decode TB/s of K+V per variant, best of two: contiguous / paged 16 / paged 64; cuDNN's best "
+      "over every run; ratio: contiguous over cuDNN")
+for key in sorted(cases):
+    B, Nk, Nq, causal = key
+    best_cudnn = max(cudnn.get(key, [0]))
+    cells = []
+    for v in vs:
+        cols = cases[key].get(v, {})
+        best = [max(cols[c]) if c in cols else 0 for c in ("ours", "ours_paged16", "ours_paged64")]
+        ratio = best[0] / best_cudnn if best_cudnn else float("nan")
+        cells.append("%s %.2f/%.2f/%.2f (%.2f)" % ((v,) + tuple(best) + (ratio,)))
+    print("B%-3d Nk%-7d Nq%d%s  cuDNN %.2f  %s" % (B, Nk, Nq, " causal" if causal else "", best_cudnn,
+                                                 "  ".join(cells)))
+PY
+else
 python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
 import csv, glob, sys
 vs = sys.argv[1:]
@@ -73,6 +111,7 @@ for key in sorted(rows):
     ratio = " ".join("%.3f" % (max(per[v]) / base) for v in vs[1:] if v in per and base > 0)
     print("%-6s d%-4d n%-6d causal=%-2s %s  ratio %s" % (key + (cells, ratio)))
 PY
+fi
 if [ -n "${NCU:-}" ]; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for shape in $NCU; do
