@@ -37,24 +37,45 @@ struct KvRows {
 
   __device__ __forceinline__ bool paged() const { return table != nullptr; }
 
-  // Row n (of the sequence).
-  __device__ __forceinline__ const T* row(int n) const {
-    if (table == nullptr) return data + int64_t(offset + n) * row_stride;
-    return row_in(page_of(n), n);
-  }
-  // Paged: the page (block table entry) of row n, which must lie inside the sequence. Looked up
-  // ahead of the copies that need it (row_in), its read need not hold them up.
+  // Paged: the page (block table entry) of row n, which must lie inside the sequence.
   __device__ __forceinline__ int page_of(int n) const {
     return table[(n / page_size) * table_stride];
   }
-  // Paged: row n of page `page` (= page_of(n)).
-  __device__ __forceinline__ const T* row_in(int page, int n) const {
-    return data + int64_t(page) * batch_stride + int64_t(n % page_size) * row_stride;
+  // Paged: row `in_page` of page `page`.
+  __device__ __forceinline__ const T* row_at(int page, int in_page) const {
+    return data + int64_t(page) * batch_stride + int64_t(in_page) * row_stride;
   }
-  // Whether rows [n0, n0 + rows) lie one row stride apart from row(n0): always, unless paged
-  // with a page boundary inside them.
-  __device__ __forceinline__ bool strided(int n0, int rows) const {
-    return table == nullptr || n0 / page_size == (n0 + rows - 1) / page_size;
+  // Row n (of the sequence).
+  __device__ __forceinline__ const T* row(int n) const {
+    if (table == nullptr) return data + int64_t(offset + n) * row_stride;
+    return row_at(page_of(n), n % page_size);
+  }
+  // Whether every tile of block_rows rows starting at a multiple of block_rows lies one row
+  // stride apart from its first row: always, unless paged with pages that do not hold whole
+  // tiles.
+  __device__ __forceinline__ bool holds_tiles(int block_rows) const {
+    return table == nullptr || page_size % block_rows == 0;
+  }
+  // Paged: the pages and in-page rows of rows n, n + kStep, ..., (kCount of them) with two
+  // divisions rather than two per row: what one thread's copies of a tile read (a division by
+  // a value known only at run time costs about twenty instructions). Rows from `end` on are
+  // past the sequence: their page is not read (0).
+  template <int kCount, int kStep>
+  __device__ __forceinline__ void pages_of_rows(int n, int end, int* page, int* in_page) const {
+    int pg = n / page_size;
+    int off = n - pg * page_size;
+    const int step_pages = kStep / page_size, step_off = kStep - step_pages * page_size;
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      page[i] = n + i * kStep < end ? table[pg * table_stride] : 0;
+      in_page[i] = off;
+      off += step_off;
+      pg += step_pages;
+      if (off >= page_size) {
+        off -= page_size;
+        ++pg;
+      }
+    }
   }
 };
 

@@ -120,25 +120,23 @@ __global__ void __launch_bounds__(kThreads)
                                  batch, head_kv, seq.offset_k);
   const common::KvRows<T> v_rows(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                                  batch, head_kv, seq.offset_k);
-  // A paged cache's pages of block b, as this thread's copies need them: the page of the
-  // block's first row where the block lies inside one page, else the page of each of its rows
-  // (ThreadTileRows). Looked up a block ahead of the block's copies, so that the block table's
-  // read (a dependent load per block) is not waited for in front of them.
+  // A paged cache's pages of block b, as this thread's copies need them: where the pages hold
+  // whole blocks, the page of the block's first row; else the page of each of the thread's
+  // rows (ThreadTileRows). Looked up a block ahead of the block's copies, so that the block
+  // table's read (a dependent load per block) is not waited for in front of them.
   using Rows = common::ThreadTileRows<TileKV, kThreads>;
+  const bool whole_blocks = k_rows.holds_tiles(kBlockN);
   struct BlockPages {
-    int page[Rows::kCount];
+    int page[Rows::kCount], in_page[Rows::kCount];
   };
   auto look_up_pages = [&](int b, BlockPages& pg) {
     if (!k_rows.paged()) return;
     const int n0 = b * kBlockN;
-    if (k_rows.strided(n0, kBlockN)) {
-      pg.page[0] = k_rows.page_of(n0);
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < Rows::kCount; ++i) {
-      const int n = n0 + Rows::row(tid, i);
-      pg.page[i] = n < seq.seqlen_k ? k_rows.page_of(n) : 0;  // rows past the end: not read
+    if (whole_blocks) {
+      k_rows.template pages_of_rows<1, 0>(n0, seq.seqlen_k, pg.page, pg.in_page);
+    } else {
+      k_rows.template pages_of_rows<Rows::kCount, Rows::kStep>(n0 + Rows::row(tid, 0),
+                                                               seq.seqlen_k, pg.page, pg.in_page);
     }
   };
   auto load_block = [&](int b, int stage, const BlockPages& pg) {
@@ -146,10 +144,9 @@ __global__ void __launch_bounds__(kThreads)
     T* sK = ring + stage * Cfg::kStageElems;
     T* sV = sK + TileKV::kElems;
     const int k_valid = seq.seqlen_k - n0, v_valid = key_hi + 1 - n0, v_from = key_lo - n0;
-    // A block inside one page (always, when the pages hold whole blocks) is one strided tile.
-    if (k_rows.strided(n0, kBlockN)) {
-      const T* k0 = k_rows.paged() ? k_rows.row_in(pg.page[0], n0) : k_rows.row(n0);
-      const T* v0 = v_rows.paged() ? v_rows.row_in(pg.page[0], n0) : v_rows.row(n0);
+    if (whole_blocks) {  // one strided tile
+      const T* k0 = k_rows.paged() ? k_rows.row_at(pg.page[0], pg.in_page[0]) : k_rows.row(n0);
+      const T* v0 = v_rows.paged() ? v_rows.row_at(pg.page[0], pg.in_page[0]) : v_rows.row(n0);
       common::load_tile<TileKV, kThreads>(sK, k0, p.k_row_stride, k_valid, p.head_dim, tid);
       common::load_tile<TileKV, kThreads, true>(sV, v0, p.v_row_stride, v_valid, p.head_dim_v,
                                                 tid, v_from);
@@ -157,10 +154,10 @@ __global__ void __launch_bounds__(kThreads)
       const T* any_k = static_cast<const T*>(p.k);
       const T* any_v = static_cast<const T*>(p.v);
       common::load_tile_rows<TileKV, kThreads>(
-          sK, [&](int i, int r) { return k_rows.row_in(pg.page[i], n0 + r); }, k_valid,
+          sK, [&](int i, int) { return k_rows.row_at(pg.page[i], pg.in_page[i]); }, k_valid,
           p.head_dim, tid, any_k);
       common::load_tile_rows<TileKV, kThreads, true>(
-          sV, [&](int i, int r) { return v_rows.row_in(pg.page[i], n0 + r); }, v_valid,
+          sV, [&](int i, int) { return v_rows.row_at(pg.page[i], pg.in_page[i]); }, v_valid,
           p.head_dim_v, tid, any_v, v_from);
     }
   };
