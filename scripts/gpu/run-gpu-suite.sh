@@ -250,6 +250,10 @@ if os.path.exists(peers) and os.path.getsize(peers) > 0:
               f"{(f'{ms:.2f} ms' if ms else 'n/a'):>10}  {(f'{mem / 1e9:.2f} GB' if mem is not None else 'n/a'):>9}")
 PY
   fi
+  if [ -s "$out/peers.json" ]; then
+    echo "targets: $(python3 "$root/bench/targets.py" --peers "$out/peers.json" | tail -1)" \
+      "(the misses: python3 bench/targets.py --peers peers.json --misses-only)"
+  fi
   echo "logs: $out"
 } | tee "$out/summary.txt"
 

@@ -4,7 +4,8 @@
 # against numpy float64 on the CPU backend, the bad-input catalogue, torch autograd where torch
 # is installed; the GPU file skips without a device, saying why) and the example. Then the
 # benchmark scripts' parts that need no GPU: compare_sdpa.py's ctypes layer on the CPU backend,
-# and plot_peers.py drawing every recorded run. Step 45 tests what `pip install .` makes.
+# plot_peers.py drawing every recorded run, and targets.py reading the latest records (which must
+# hold each kind of target). Step 45 tests what `pip install .` makes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -23,3 +24,10 @@ trap 'rm -rf "$plots"' EXIT
 for run in $(ls docs/perf/h200-*/peers.json docs/perf/h200-*/*/peers.json 2>/dev/null); do
   python3 bench/plot_peers.py "$(dirname "$run")" --out "$plots/$(dirname "$run" | tr / _)"
 done
+# The targets against the latest records of each kind: every kind checked, nothing unreadable.
+targets=$(python3 bench/targets.py --peers docs/perf/h200-2026-12-02/forward/peers-af1f770.json \
+  --flex docs/perf/h200-2026-12-02/variants/flex-9556d9d.json)
+for kind in forward: backward: "GPT-2 medium" decode: variants:; do
+  grep -q "^$kind" <<< "$targets" || { echo "targets.py printed no $kind targets"; exit 1; }
+done
+tail -1 <<< "$targets"
