@@ -28,11 +28,26 @@ int isa_rank(const char* name) {
   if (std::strcmp(name, "generic") == 0) return 0;
   if (std::strcmp(name, "avx2") == 0) return 1;
   if (std::strcmp(name, "avx512") == 0) return 2;
+  if (std::strcmp(name, "avx512bf16") == 0) return 3;
   return 99;  // unknown: no limit
 }
 
+// Whether this CPU issues vdpbf16ps at the rate of its fp32 FMA, so that bf16 pairs do twice
+// the multiply-adds (AMD Zen 4 and 5, docs/perf/cpu-2026-12-02-zen4.md and -zen5.md); an
+// Emerald Rapids Xeon issued it at a quarter of that rate (cpu-2026-12-02.md), where the fp32
+// path is faster. Decided by the vendor, not by timing, so that a machine always computes the
+// same bits.
+bool bf16_pairs_at_fma_rate() {
+#if defined(__x86_64__)
+  return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 // The best instruction set this CPU (and OS) supports, lowered by FLASHATTN_CPU_ISA
-// ("generic", "avx2" or "avx512") when set, so every copy can be tested on one machine.
+// ("generic", "avx2", "avx512" or "avx512bf16") when set, so every copy can be tested on one
+// machine.
 const KernelSet& select_kernels() {
   int best = 0;
 #if defined(__x86_64__)
@@ -42,11 +57,13 @@ const KernelSet& select_kernels() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
       best = 2;
+      if (bf16_pairs_at_fma_rate()) best = 3;
     }
   }
 #endif
   if (const char* limit = std::getenv("FLASHATTN_CPU_ISA")) best = std::min(best, isa_rank(limit));
 #if defined(__x86_64__)
+  if (best == 3) return cpu::kernels_avx512bf16();
   if (best == 2) return cpu::kernels_avx512();
   if (best == 1) return cpu::kernels_avx2();
 #endif

@@ -3,6 +3,7 @@
 // instruction set on, defines the macros below and includes this file (which includes nothing
 // itself but its part merge_impl.hpp, and keeps all it defines in an anonymous namespace).
 //
+//   FA_BF16_PAIRS  1 when bf16 operands are multiplied as pairs (vdpbf16ps; see "bf16 pairs")
 //   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
 //   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
 //   FA_FMA      1 when the ISA has a fused      FA_NVMAX  vectors of columns of that block
@@ -20,7 +21,9 @@
 // exp2 only; the LSE is converted back to natural log on output. Every algorithm forms a score
 // with the same operations (Q scaled, K as it is, one fused multiply-add per element in head_dim
 // order, then the logits policy), so the backward recomputes bit for bit the scores its forward
-// saw.
+// saw. The one exception, in the copy with bf16 pairs (FA_BF16_PAIRS): the flash algorithm's
+// bf16 scores come from pairs of the unscaled q and k, scaled after ("bf16 pairs"), in its
+// forward and its backward alike; the standard algorithm keeps the form above.
 //
 // The variants are policies every algorithm calls, written once: where a sequence's rows lie
 // and which keys each query sees (Seq and Mask, cpu/sequences.hpp), what becomes of a raw score
@@ -227,6 +230,71 @@ void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int
   for (int64_t m = 0; m < M; ++m) row_part(m, shared_hi, hi[m]);
 }
 
+// ---- bf16 pairs: C = mul * (A B) with bf16 operands, on vdpbf16ps ----------------------------
+// Where the CPU multiplies bf16 pairs at the rate of its fp32 fused multiply-add (FA_BF16_PAIRS:
+// AMD Zen 4 and 5), the GEMMs whose operands are bf16 in the caller's tensors (S = Q K^T, dP =
+// dO V^T) run on pairs: twice the multiply-adds per instruction, fp32 sums. The scale is applied
+// to the result (mul), not to a rounded Q. Forward and backward both form S this way, each
+// element from the same pairs in the same order, so the backward recomputes bit for bit the
+// scores its forward saw, as on the fp32 path.
+// A(m, p): the pair of depths 2p, 2p + 1 of row m, 32 bits at A + m * sam + p (uint32 units);
+// B(p, n) likewise at B + p * ldb + n; C row-major, N a multiple of W. A depth padded to an even
+// count holds a zero in its last pair's upper half.
+#if FA_BF16_PAIRS
+constexpr bool kBf16Pairs = true;
+
+using PairFn = void (*)(int, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t,
+                        float);
+
+template <int R, int NV>
+void micro_pairs(int KP, const uint32_t* A, int64_t sam, const uint32_t* B, int64_t ldb, float* C,
+                 int64_t ldc, float mul) {
+  __m512 c[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
+  for (int k = 0; k < KP; ++k) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k * ldb + v * W);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(A[r * sam + k]));
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+    }
+  }
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * W, _mm512_mul_ps(c[r][v], m));
+}
+
+template <int R, size_t... V>
+constexpr std::array<PairFn, NVMAX> micro_pairs_row(std::index_sequence<V...>) {
+  return {{&micro_pairs<R, static_cast<int>(V) + 1>...}};
+}
+template <size_t... R>
+constexpr std::array<std::array<PairFn, NVMAX>, RMAX> micro_pairs_table(std::index_sequence<R...>) {
+  return {{micro_pairs_row<static_cast<int>(R) + 1>(std::make_index_sequence<NVMAX>())...}};
+}
+constexpr std::array<std::array<PairFn, NVMAX>, RMAX> kMicroPairs =
+    micro_pairs_table(std::make_index_sequence<RMAX>());
+
+// The whole depth (KP pairs, at most a head dim's) stays in the accumulators: one pass.
+void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam,
+                const uint32_t* B, int64_t ldb, float* C, int64_t ldc, float mul) {
+  const int64_t nvec = N / W;
+  for (int64_t v0 = 0; v0 < nvec; v0 += NVMAX) {
+    const int nv = static_cast<int>(std::min<int64_t>(NVMAX, nvec - v0));
+    for (int64_t m0 = 0; m0 < M; m0 += RMAX) {
+      const int r = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
+      kMicroPairs[r - 1][nv - 1](static_cast<int>(KP), A + m0 * sam, sam, B + v0 * W, ldb,
+                                 C + m0 * ldc + v0 * W, ldc, mul);
+    }
+  }
+}
+#else
+constexpr bool kBf16Pairs = false;
+void gemm_pairs(int64_t, int64_t, int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t,
+                float*, int64_t, float) {}
+#endif
+
 // ---- Rows -----------------------------------------------------------------------------------
 
 inline float row_max(const float* s, int64_t n) {
@@ -346,6 +414,33 @@ void pack_transposed(float* dst, int64_t ld, const Tensor4& t, int64_t b, int64_
   });
   for (int k = 0; k < d; ++k)
     for (int j = count; j < count_pad; ++j) dst[k * ld + j] = 0.0f;
+}
+
+// Whether element type E takes the bf16 pair GEMMs in this copy of the kernels.
+template <class E>
+constexpr bool uses_pairs() {
+  return kBf16Pairs && std::is_same<E, BF16>::value;
+}
+
+// The pair (x[k], x[k + 1]) of a row of d raw 16-bit elements, zero past d.
+inline uint32_t pair_at(const uint16_t* x, int k, int d) {
+  const uint32_t lo = k < d ? x[k] : 0u, hi = k + 1 < d ? x[k + 1] : 0u;
+  return lo | (hi << 16);
+}
+// A row as dp / 2 pairs (dp even, at least d): dst[p] = (x[2p], x[2p + 1]).
+inline void pack_row_pairs(uint32_t* dst, const uint16_t* src, int d, int dp) {
+  for (int k = 0; k < dp; k += 2) dst[k / 2] = pair_at(src, k, d);
+}
+// Rows [n0, n0 + count) of (b, h) as the pairs of a transposed tile: dst[p * ld + j] = the pair
+// (x[n0 + j][2p], x[n0 + j][2p + 1]) for 2p < d; columns [count, count_pad) zeroed.
+inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, int64_t b,
+                                  int64_t n0, int count, int count_pad, int64_t h, int d,
+                                  const BlockTable& pages = BlockTable{}) {
+  for_kv_rows<BF16>(t, pages, b, n0, count, h, [&](int64_t j, const uint16_t* src) {
+    for (int k = 0; k < d; k += 2) dst[(k / 2) * ld + j] = pair_at(src, k, d);
+  });
+  for (int k = 0; k < d; k += 2)
+    for (int j = count; j < count_pad; ++j) dst[(k / 2) * ld + j] = 0u;
 }
 
 // Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
@@ -553,9 +648,17 @@ inline Ranges keys_seen(const Mask& m, const QueryTile& q, int64_t j0, int64_t n
   return r;
 }
 
+// With pairs (uses_pairs), K holds [ncols][dp / 2] pairs and q.Qt [d / 2][kBlockQ] pairs of the
+// unscaled q; qmul scales the product.
 void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const float* V,
-                        int64_t j0, int ncols, int d, int dp, int dvp, float* St) {
-  gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
+                        int64_t j0, int ncols, int d, int dp, int dvp, float* St, bool pairs,
+                        float qmul) {
+  if (pairs) {
+    gemm_pairs(ncols, q.rows_p, (d + 1) / 2, reinterpret_cast<const uint32_t*>(K), dp / 2,
+               reinterpret_cast<const uint32_t*>(q.Qt), kBlockQ, St, kBlockQ, qmul);
+  } else {
+    gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
+  }
   if (q.lg.active()) {
     for (int j = 0; j < ncols; ++j) {
       logits_cols(St + j * kBlockQ, q.rows_p, q.lg, q.slope, q.position, j0 + j);
@@ -658,8 +761,13 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       // The last segment's packing zeroes the padding columns.
       const int c0 = sg * q.seg_rows;
       const int pad = sg + 1 == segments ? q.rows_p - c0 : q.seg_rows;
-      pack_transposed<E>(t.at(pl.t_q) + s * kBlockQ * dp + c0, kBlockQ, a.q, b,
-                         seq.q_begin + q.i0, q.seg_rows, pad, q.h + sg, d, p.scale * kLog2e);
+      if constexpr (uses_pairs<E>()) {
+        pack_transposed_pairs(reinterpret_cast<uint32_t*>(t.at(pl.t_q) + s * kBlockQ * dp) + c0,
+                              kBlockQ, a.q, b, seq.q_begin + q.i0, q.seg_rows, pad, q.h + sg, d);
+      } else {
+        pack_transposed<E>(t.at(pl.t_q) + s * kBlockQ * dp + c0, kBlockQ, a.q, b,
+                           seq.q_begin + q.i0, q.seg_rows, pad, q.h + sg, d, p.scale * kLog2e);
+      }
     }
     q.key_begin = mask.key_begin(q.i0);
     q.key_end = mask.key_end(q.i0 + q.seg_rows - 1);
@@ -684,7 +792,11 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
     using Elem = typename E::T;
     for_kv_rows<E>(a.k, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
-      pack_row<E>(K + j * dp, row, d, dp, 1.0f);
+      if constexpr (uses_pairs<E>()) {
+        pack_row_pairs(reinterpret_cast<uint32_t*>(K) + j * (dp / 2), row, d, dp);
+      } else {
+        pack_row<E>(K + j * dp, row, d, dp, 1.0f);
+      }
     });
     for_kv_rows<E>(a.v, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
       pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
@@ -698,7 +810,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
-      flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St);
+      flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St, uses_pairs<E>(), p.scale * kLog2e);
     }
   }
 
@@ -1021,8 +1133,15 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
     const int64_t j0 = kt * kBlockK;
     const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, seq.len_k - j0));
     const int ncp = vec_round(ncols);
-    pack_transposed<E>(Kt, kBlockK, a.k, b, seq.k_begin + j0, ncols, ncp, hk, d, 1.0f);
-    pack_transposed<E>(Vt, kBlockK, a.v, b, seq.k_begin + j0, ncols, ncp, hk, dv, 1.0f);
+    if constexpr (uses_pairs<E>()) {
+      pack_transposed_pairs(reinterpret_cast<uint32_t*>(Kt), kBlockK, a.k, b, seq.k_begin + j0,
+                            ncols, ncp, hk, d);
+      pack_transposed_pairs(reinterpret_cast<uint32_t*>(Vt), kBlockK, a.v, b, seq.k_begin + j0,
+                            ncols, ncp, hk, dv);
+    } else {
+      pack_transposed<E>(Kt, kBlockK, a.k, b, seq.k_begin + j0, ncols, ncp, hk, d, 1.0f);
+      pack_transposed<E>(Vt, kBlockK, a.v, b, seq.k_begin + j0, ncols, ncp, hk, dv, 1.0f);
+    }
     for (int j = 0; j < ncols; ++j)
       pack_row<E>(K + j * dp, in_row<E>(a.k, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
     std::fill(dK, dK + static_cast<size_t>(ncols) * dp, 0.0f);
@@ -1038,10 +1157,19 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
         const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, Nq - i0));
         const int64_t packed = row_base - slice_row0 + i0;
         const float* Q = q_all + packed * dp;
-        const float* Qs = qs_all + packed * dp;
+        const float* Qs = qs_all + packed * pl.qs_ld;
         const float* dO = do_all + packed * dvp;
-        gemm(rows, ncp, d, Qs, dp, 1, Kt, kBlockK, P, kBlockK, false);
-        gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
+        if constexpr (uses_pairs<E>()) {
+          const uint32_t* q_pairs = reinterpret_cast<const uint32_t*>(Qs);
+          gemm_pairs(rows, ncp, (d + 1) / 2, q_pairs, pl.qs_ld,
+                     reinterpret_cast<const uint32_t*>(Kt), kBlockK, P, kBlockK,
+                     p.scale * kLog2e);
+          gemm_pairs(rows, ncp, (dv + 1) / 2, q_pairs + dp / 2, pl.qs_ld,
+                     reinterpret_cast<const uint32_t*>(Vt), kBlockK, dS, kBlockK, 1.0f);
+        } else {
+          gemm(rows, ncp, d, Qs, pl.qs_ld, 1, Kt, kBlockK, P, kBlockK, false);
+          gemm(rows, ncp, dv, dO, dvp, 1, Vt, kBlockK, dS, kBlockK, false);
+        }
         const Ranges keys = keys_seen(mask, i0, rows, j0, ncols);
         const Ranges queries = rows_seeing(mask, i0, rows, j0, ncols);
         for (int r = 0; r < rows; ++r) {
@@ -1074,15 +1202,22 @@ void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const int64_t row0 = scratch_row(p, it.seq, it.h, it.i0) - slice_row0;
   float* q = shared_at(ws, pl.q_all) + row0 * dp;
-  float* qs = shared_at(ws, pl.qs_all) + row0 * dp;
+  float* qs = shared_at(ws, pl.qs_all) + row0 * pl.qs_ld;
   float* g = shared_at(ws, pl.do_all) + row0 * dvp;
   const float qmul = p.scale * kLog2e;
   for (int r = 0; r < it.rows; ++r) {
     const int64_t i = it.seq.q_begin + it.i0 + r;
     const typename E::T* q_row = in_row<E>(a.q, it.b, i, it.h);
+    const typename E::T* do_row = in_row<E>(a.dout, it.b, i, it.h);
     pack_row<E>(q + r * dp, q_row, d, dp, 1.0f);
-    pack_row<E>(qs + r * dp, q_row, d, dp, qmul);
-    pack_row<E>(g + r * dvp, in_row<E>(a.dout, it.b, i, it.h), dv, dvp, 1.0f);
+    if constexpr (uses_pairs<E>()) {  // Q's pairs, then dO's: the A operands of S and dP
+      uint32_t* pairs = reinterpret_cast<uint32_t*>(qs + r * pl.qs_ld);
+      pack_row_pairs(pairs, q_row, d, dp);
+      pack_row_pairs(pairs + dp / 2, do_row, dv, dvp);
+    } else {
+      pack_row<E>(qs + r * pl.qs_ld, q_row, d, dp, qmul);
+    }
+    pack_row<E>(g + r * dvp, do_row, dv, dvp, 1.0f);
   }
 }
 

@@ -150,8 +150,9 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     // then the key chunks, enough for kMinBackwardItems items per slice.
     const int64_t groups = B * Hkv;
     const int64_t group_rows = sz.mul({p.group_size(), p.seqlen_q}, "a group's rows");
-    const size_t group_bytes =
-        sz.mul({group_rows, 2 * dp + dvp + kMaxKeyChunks * dp, f}, "a group's packed rows");
+    plan.qs_ld = std::max<int64_t>(dp, (dp + dvp) / 2);
+    const size_t group_bytes = sz.mul({group_rows, dp + plan.qs_ld + dvp + kMaxKeyChunks * dp, f},
+                                      "a group's packed rows");
     plan.slice_groups = std::max<int64_t>(
         1, std::min<int64_t>(groups, static_cast<int64_t>(kMaxSliceBytes / std::max<size_t>(group_bytes, 1))));
     plan.slice_rows = static_cast<int64_t>(sz.mul({plan.slice_groups, group_rows}, "a slice's rows"));
@@ -164,7 +165,7 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     // again, and reading the packed rows waits far less than converting strided input rows
     // each time.
     plan.q_all = shared.take(sz.mul({srows, dp, f}, "Q"), "Q");
-    plan.qs_all = shared.take(sz.mul({srows, dp, f}, "scaled Q"), "scaled Q");
+    plan.qs_all = shared.take(sz.mul({srows, plan.qs_ld, f}, "scaled Q"), "scaled Q");
     plan.do_all = shared.take(sz.mul({srows, dvp, f}, "dO"), "dO");
     plan.t_kt = thread.take(k_tile, "K^T tile");
     plan.t_k = thread.take(k_tile, "K tile");

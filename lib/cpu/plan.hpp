@@ -61,7 +61,9 @@ struct Plan {
   size_t delta = 0;    // backward: [rows] rowsum(dO * O)
   size_t dq_part = 0;  // flash backward: [chunks, slice_rows, dp] partial dQ of one slice
   size_t q_all = 0;    // backward: [rows, dp] (flash: [slice_rows, dp], one slice's)
-  size_t qs_all = 0;   // flash backward: [slice_rows, dp] Q in log2 units (times scale * log2(e))
+  size_t qs_all = 0;   // flash backward: [slice_rows, qs_ld] Q in log2 units (times scale * log2(e));
+                       // with bf16 pairs, Q's dp / 2 pairs then dO's dvp / 2 (unscaled)
+  int64_t qs_ld = 0;   // floats per row of qs_all: max(dp, (dp + dvp) / 2)
   size_t do_all = 0;   // backward: [rows, dvp] (flash: [slice_rows, dvp])
   size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
   size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
