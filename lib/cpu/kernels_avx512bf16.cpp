@@ -1,6 +1,6 @@
 // The kernels for AVX-512 with bf16 pair dot products (vdpbf16ps), picked at run time on CPUs
 // that issue them at the rate of their fp32 fused multiply-add (kernels_impl.hpp, "bf16 pairs");
-// everything but the bf16 GEMMs of S and dP is the AVX-512 copy's code.
+// everything but the flash algorithm's bf16 GEMMs is the AVX-512 copy's code.
 #if defined(__x86_64__)
 #include "cpu/kernels_prelude.hpp"
 

@@ -232,11 +232,12 @@ void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int
 
 // ---- bf16 pairs: C = mul * (A B) with bf16 operands, on vdpbf16ps ----------------------------
 // Where the CPU multiplies bf16 pairs at the rate of its fp32 fused multiply-add (FA_BF16_PAIRS:
-// AMD Zen 4 and 5), the GEMMs whose operands are bf16 in the caller's tensors (S = Q K^T, dP =
-// dO V^T) run on pairs: twice the multiply-adds per instruction, fp32 sums. The scale is applied
-// to the result (mul), not to a rounded Q. Forward and backward both form S this way, each
-// element from the same pairs in the same order, so the backward recomputes bit for bit the
-// scores its forward saw, as on the fp32 path.
+// AMD Zen 4 and 5), the flash algorithm's bf16 GEMMs run on pairs: twice the multiply-adds per
+// instruction, fp32 sums. S = Q K^T and dP = dO V^T take the caller's bf16 values as they are,
+// the scale applied to the result (mul), not to a rounded Q; forward and backward form S the
+// same way, so the backward recomputes bit for bit the scores its forward saw. dV = P^T dO,
+// dK = dS^T Q and dQ = dS K take P and dS rounded to bf16 (as the GPU kernels do), each row over
+// its own range of the depth (gemm_pairs_ranges), so that masked values stay out as in fp32.
 // A(m, p): the pair of depths 2p, 2p + 1 of row m, 32 bits at A + m * sam + p (uint32 units);
 // B(p, n) likewise at B + p * ldb + n; C row-major, N a multiple of W. A depth padded to an even
 // count holds a zero in its last pair's upper half.
@@ -244,14 +245,17 @@ void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int
 constexpr bool kBf16Pairs = true;
 
 using PairFn = void (*)(int, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t,
-                        float);
+                        float, bool);
 
+// C = mul * A B, or with accumulate C += A B (mul unused).
 template <int R, int NV>
 void micro_pairs(int KP, const uint32_t* A, int64_t sam, const uint32_t* B, int64_t ldb, float* C,
-                 int64_t ldc, float mul) {
+                 int64_t ldc, float mul, bool accumulate) {
   __m512 c[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      c[r][v] = accumulate ? _mm512_loadu_ps(C + r * ldc + v * W) : _mm512_setzero_ps();
+    }
   for (int k = 0; k < KP; ++k) {
     __m512bh b[NV];
     for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k * ldb + v * W);
@@ -260,9 +264,11 @@ void micro_pairs(int KP, const uint32_t* A, int64_t sam, const uint32_t* B, int6
       for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
     }
   }
-  const __m512 m = _mm512_set1_ps(mul);
+  const __m512 m = _mm512_set1_ps(accumulate ? 1.0f : mul);
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * W, _mm512_mul_ps(c[r][v], m));
+    for (int v = 0; v < NV; ++v) {
+      _mm512_storeu_ps(C + r * ldc + v * W, accumulate ? c[r][v] : _mm512_mul_ps(c[r][v], m));
+    }
 }
 
 template <int R, size_t... V>
@@ -276,23 +282,71 @@ constexpr std::array<std::array<PairFn, NVMAX>, RMAX> micro_pairs_table(std::ind
 constexpr std::array<std::array<PairFn, NVMAX>, RMAX> kMicroPairs =
     micro_pairs_table(std::make_index_sequence<RMAX>());
 
-// The whole depth (KP pairs, at most a head dim's) stays in the accumulators: one pass.
+// The whole depth (KP pairs: a head dim's, or a tile's keys or queries) stays in the
+// accumulators: one pass. C = mul * A B, or with accumulate C += A B.
 void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam,
-                const uint32_t* B, int64_t ldb, float* C, int64_t ldc, float mul) {
+                const uint32_t* B, int64_t ldb, float* C, int64_t ldc, float mul,
+                bool accumulate = false) {
   const int64_t nvec = N / W;
   for (int64_t v0 = 0; v0 < nvec; v0 += NVMAX) {
     const int nv = static_cast<int>(std::min<int64_t>(NVMAX, nvec - v0));
     for (int64_t m0 = 0; m0 < M; m0 += RMAX) {
       const int r = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
       kMicroPairs[r - 1][nv - 1](static_cast<int>(KP), A + m0 * sam, sam, B + v0 * W, ldb,
-                                 C + m0 * ldc + v0 * W, ldc, mul);
+                                 C + m0 * ldc + v0 * W, ldc, mul, accumulate);
     }
   }
 }
+
+// One row of C += A B over pairs [p0, p1), the depth elements outside [lo, hi) masked out of
+// both operands (their halves of a pair zeroed), so that a masked value, NaN or infinite,
+// never meets a product, and a masked 0 adds exactly what the unranged sum adds for it.
+void row_pairs_masked(int64_t N, int64_t p0, int64_t p1, int64_t lo, int64_t hi, const uint32_t* A,
+                      const uint32_t* B, int64_t ldb, float* C) {
+  for (int64_t v = 0; v < N; v += W) {
+    __m512 c = _mm512_loadu_ps(C + v);
+    for (int64_t k = p0; k < p1; ++k) {
+      const uint32_t keep = (2 * k >= lo ? 0x0000ffffu : 0u) | (2 * k + 1 < hi ? 0xffff0000u : 0u);
+      const __m512i mask = _mm512_set1_epi32(static_cast<int>(keep));
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(A[k] & keep));
+      const __m512bh b = (__m512bh)_mm512_and_si512(_mm512_loadu_si512(B + k * ldb + v), mask);
+      c = _mm512_dpbf16_ps(c, a, b);
+    }
+    _mm512_storeu_ps(C + v, c);
+  }
+}
+
+// C += A B as gemm_ranges does it in fp32, on pairs: row m takes only the depth elements
+// [lo[m], hi[m]). The pairs every row takes whole run as one gemm_pairs; each row's pairs
+// before and after them (a half of a boundary pair masked) run alone, in ascending order, so a
+// row's sum is the one the whole depth would give where the masked values are finite zeros.
+void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_t* A, int64_t sam,
+                       const uint32_t* B, int64_t ldb, float* C, int64_t ldc) {
+  const int64_t* lo = ranges.lo;
+  const int64_t* hi = ranges.hi;
+  int64_t shared_lo = 0, shared_hi = std::numeric_limits<int64_t>::max();
+  for (int64_t m = 0; m < M; ++m) {
+    shared_lo = std::max(shared_lo, (lo[m] + 1) / 2);  // the first pair whole in every row
+    shared_hi = std::min(shared_hi, hi[m] / 2);        // past the last
+  }
+  const auto row_part = [&](int64_t m, int64_t p0, int64_t p1) {
+    if (p1 > p0) row_pairs_masked(N, p0, p1, lo[m], hi[m], A + m * sam, B, ldb, C + m * ldc);
+  };
+  if (shared_lo >= shared_hi) {
+    for (int64_t m = 0; m < M; ++m) row_part(m, lo[m] / 2, (hi[m] + 1) / 2);
+    return;
+  }
+  for (int64_t m = 0; m < M; ++m) row_part(m, lo[m] / 2, shared_lo);
+  gemm_pairs(M, N, shared_hi - shared_lo, A + shared_lo, sam, B + shared_lo * ldb, ldb, C, ldc, 1.0f,
+             true);
+  for (int64_t m = 0; m < M; ++m) row_part(m, shared_hi, (hi[m] + 1) / 2);
+}
 #else
 constexpr bool kBf16Pairs = false;
+void gemm_pairs_ranges(int64_t, int64_t, const Ranges&, const uint32_t*, int64_t, const uint32_t*,
+                       int64_t, float*, int64_t) {}
 void gemm_pairs(int64_t, int64_t, int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t,
-                float*, int64_t, float) {}
+                float*, int64_t, float, bool = false) {}
 #endif
 
 // ---- Rows -----------------------------------------------------------------------------------
@@ -441,6 +495,48 @@ inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, i
   });
   for (int k = 0; k < d; k += 2)
     for (int j = count; j < count_pad; ++j) dst[(k / 2) * ld + j] = 0u;
+}
+
+// Pairs of an fp32 tile src[r * ld + c] (r < rows, c < cols), rounded to bf16 (exact for values
+// that came from bf16); an odd count's last pair holds a zero.
+inline uint32_t round_pair(float lo, float hi) {
+  return static_cast<uint32_t>(float_to_bf16(lo)) |
+         (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+}
+// Down the rows: dst[(r / 2) * ld_dst + c] = (src[r][c], src[r + 1][c]), r even.
+inline void pack_pairs_down(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
+                            int cols) {
+  for (int r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? src + (r + 1) * ld : nullptr;
+    for (int c = 0; c < cols; ++c) {
+      const float x = a[c], y = b != nullptr ? b[c] : 0.0f;
+      dst[(r / 2) * ld_dst + c] = round_pair(x, y);
+    }
+  }
+}
+// Transposed, down the rows: dst[c * ld_dst + r / 2] = (src[r][c], src[r + 1][c]), r even.
+inline void pack_pairs_transposed(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld,
+                                  int rows, int cols) {
+  for (int r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? src + (r + 1) * ld : nullptr;
+    for (int c = 0; c < cols; ++c) {
+      const float x = a[c], y = b != nullptr ? b[c] : 0.0f;
+      dst[c * ld_dst + r / 2] = round_pair(x, y);
+    }
+  }
+}
+// Along the rows: dst[r * ld_dst + c / 2] = (src[r][c], src[r][c + 1]), c even.
+inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
+                             int cols) {
+  for (int r = 0; r < rows; ++r) {
+    const float* a = src + r * ld;
+    for (int c = 0; c < cols; c += 2) {
+      const float x = a[c], y = c + 1 < cols ? a[c + 1] : 0.0f;
+      dst[r * ld_dst + c / 2] = round_pair(x, y);
+    }
+  }
 }
 
 // Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
@@ -1118,6 +1214,9 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* P = t.at(pl.t_s);
   float* dS = t.at(pl.t_dp);
   float* dcap = p.softcap > 0.0f ? t.at(pl.t_dcap) : nullptr;
+  // With pairs: K's pairs, then per query tile Q's, dO's, P^T's, dS^T's and dS's (Plan::t_pairs).
+  uint32_t* k_pairs = uses_pairs<E>() ? reinterpret_cast<uint32_t*>(t.at(pl.t_pairs)) : nullptr;
+  uint32_t* pairs_area = uses_pairs<E>() ? k_pairs + kBlockK / 2 * dp : nullptr;
   const float* lse2_all = shared_at(ws, pl.lse2);
   const float* lse2_lo_all = shared_at(ws, pl.lse2_lo);
   const float* delta_all = shared_at(ws, pl.delta);
@@ -1144,6 +1243,8 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
     }
     for (int j = 0; j < ncols; ++j)
       pack_row<E>(K + j * dp, in_row<E>(a.k, b, seq.k_begin + j0 + j, hk), d, dp, 1.0f);
+    // K as the pairs of dQ = dS K: [(ncols + 1) / 2][dp].
+    if constexpr (uses_pairs<E>()) pack_pairs_down(k_pairs, dp, K, dp, ncols, dp);
     std::fill(dK, dK + static_cast<size_t>(ncols) * dp, 0.0f);
     std::fill(dV, dV + static_cast<size_t>(ncols) * dvp, 0.0f);
     // The queries that see some key of the tile.
@@ -1180,9 +1281,29 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
                     lse_shift(lse2_all[row], lse2_lo_all[row]));
           ds_row(P + r * kBlockK, dS + r * kBlockK, dcap_row, ncp, delta_all[row]);
         }
+        float* dq_rows = dq_part + (g * Nq + i0) * dp;
+        if constexpr (uses_pairs<E>()) {
+          // dV += P^T dO, dK += dS^T Q, dQ += dS K on pairs (P and dS rounded to bf16, as the
+          // GPU kernels round them), each row over its own range as in fp32.
+          const int rp = (rows + 1) / 2, cp = (ncols + 1) / 2;
+          uint32_t* q_pairs = pairs_area;                             // [rp][dp]
+          uint32_t* do_pairs = q_pairs + kBlockQ / 2 * dp;            // [rp][dvp]
+          uint32_t* pt_pairs = do_pairs + kBlockQ / 2 * dvp;          // [ncols][rp]
+          uint32_t* dst_pairs = pt_pairs + kBlockK * (kBlockQ / 2);   // [ncols][rp]
+          uint32_t* ds_pairs = dst_pairs + kBlockK * (kBlockQ / 2);   // [rows][cp]
+          pack_pairs_down(q_pairs, dp, Q, dp, rows, dp);
+          pack_pairs_down(do_pairs, dvp, dO, dvp, rows, dvp);
+          pack_pairs_transposed(pt_pairs, rp, P, kBlockK, rows, ncols);
+          pack_pairs_transposed(dst_pairs, rp, dS, kBlockK, rows, ncols);
+          pack_pairs_along(ds_pairs, cp, dS, kBlockK, rows, ncols);
+          gemm_pairs_ranges(ncols, dvp, queries, pt_pairs, rp, do_pairs, dvp, dV, dvp);
+          gemm_pairs_ranges(ncols, dp, queries, dst_pairs, rp, q_pairs, dp, dK, dp);
+          gemm_pairs_ranges(rows, dp, keys, ds_pairs, cp, k_pairs, dp, dq_rows, dp);
+          continue;
+        }
         gemm_ranges(ncols, dvp, queries, P, 1, kBlockK, dO, dvp, dV, dvp, true);
         gemm_ranges(ncols, dp, queries, dS, 1, kBlockK, Q, dp, dK, dp, true);
-        gemm_ranges(rows, dp, keys, dS, kBlockK, 1, K, dp, dq_part + (g * Nq + i0) * dp, dp, true);
+        gemm_ranges(rows, dp, keys, dS, kBlockK, 1, K, dp, dq_rows, dp, true);
       }
     }
     for (int j = 0; j < ncols; ++j) {

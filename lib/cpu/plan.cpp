@@ -175,6 +175,12 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.t_s = thread.take(s_tile, "P tile");
     plan.t_dp = thread.take(s_tile, "dS tile");
     if (softcap) plan.t_dcap = thread.take(s_tile, "softcap derivative tile");
+    if (p.dtype == DType::BF16) {  // pairs are half an fp32 tile: K, Q, dO, P^T, dS^T, dS
+      const char* what = "bf16 pair tiles";
+      const size_t tiles = sz.add(sz.add(k_tile, q_tile, what),
+                                  sz.add(do_tile, sz.mul({3, kBlockQ, kBlockK, f}, what), what), what);
+      plan.t_pairs = thread.take(tiles / 2, what);
+    }
   } else {
     const size_t stats = sz.mul({rows, f}, "row statistics");
     plan.lse2 = shared.take(stats, "LSE");

@@ -78,6 +78,9 @@ struct Plan {
   size_t t_q = 0, t_o = 0, t_s = 0, t_dp = 0;
   size_t t_kt = 0, t_k = 0, t_v = 0, t_vt = 0, t_dk = 0, t_dv = 0, t_m = 0, t_l = 0;
   size_t t_dcap = 0;  // backward with a softcap: its derivative, a P tile (flash) or row (standard)
+  // flash backward in bf16: the bf16 pairs of K, Q, dO, P^T, dS^T and dS (kernels_impl.hpp,
+  // "bf16 pairs"), taken whichever copy of the kernels runs, so the workspace is the same
+  size_t t_pairs = 0;
 
   size_t thread_base = 0;
   size_t thread_bytes = 0;
