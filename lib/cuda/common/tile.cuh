@@ -22,6 +22,15 @@ struct SwizzledTile {
   }
 };
 
+// The rows of a tile that one thread's copies in load_tile and load_tile_rows write: tid / 8 +
+// i * kThreads / 8 for i < count (eight threads share a row, a 16-byte chunk each).
+template <class Tile, int kThreads>
+struct ThreadTileRows {
+  static constexpr int kStep = kThreads / 8;
+  static constexpr int kCount = Tile::kRows / kStep;
+  __device__ __forceinline__ static int row(int tid, int i) { return tid / 8 + i * kStep; }
+};
+
 // Asynchronously copies rows [0, rows_valid) (kFromRow: [rows_begin, rows_valid)) x cols
 // [0, cols_valid) of a row-major global tile (row stride in elements, 16-byte aligned rows) into
 // the swizzled tile; everything else in the tile is zero-filled. Part of the caller's current cp.async group. Each thread owns one 16-byte
@@ -31,15 +40,16 @@ template <class Tile, int kThreads, bool kFromRow = false, class T>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
                                           int rows_valid, int cols_valid, int tid,
                                           int rows_begin = 0) {
-  constexpr int kRowStep = kThreads / 8;
+  using Rows = ThreadTileRows<Tile, kThreads>;
+  constexpr int kRowStep = Rows::kStep;
   static_assert(Tile::kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows split evenly");
-  const int row0 = tid / 8;
+  const int row0 = Rows::row(tid, 0);
   const int chunk = tid % 8;
   const uint32_t s_base = smem_u32(smem) + (row0 * 64 + ((chunk ^ (row0 & 7)) << 3)) * 2;
   const T* g = gmem + int64_t(row0) * row_stride + chunk * 8;
   const int64_t g_step = int64_t(kRowStep) * row_stride;
 #pragma unroll
-  for (int i = 0; i < Tile::kRows / kRowStep; ++i) {
+  for (int i = 0; i < Rows::kCount; ++i) {
     const int row = row0 + i * kRowStep;
     // kFromRow: rows before rows_begin zero-filled too (a separate instance, so that the
     // kernels that start at row 0 keep their code).
@@ -55,15 +65,6 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
-// The rows of a tile that one thread's copies in load_tile and load_tile_rows write: tid / 8 +
-// i * kThreads / 8 for i < count (eight threads share a row, a 16-byte chunk each).
-template <class Tile, int kThreads>
-struct ThreadTileRows {
-  static constexpr int kStep = kThreads / 8;
-  static constexpr int kCount = Tile::kRows / kStep;
-  __device__ __forceinline__ static int row(int tid, int i) { return tid / 8 + i * kStep; }
-};
-
 // load_tile for rows that do not lie one stride apart (a paged KV cache whose pages are shorter
 // than the tile): row r of the tile from row_of(i, r), a callable giving its first element, i
 // being r's place among this thread's rows (r = tid / 8 + i * kThreads / 8: see
@@ -73,13 +74,14 @@ template <class Tile, int kThreads, bool kFromRow = false, class T, class RowOf>
 __device__ __forceinline__ void load_tile_rows(T* smem, const RowOf& row_of, int rows_valid,
                                                int cols_valid, int tid, const T* any_valid,
                                                int rows_begin = 0) {
-  constexpr int kRowStep = kThreads / 8;
+  using Rows = ThreadTileRows<Tile, kThreads>;
+  constexpr int kRowStep = Rows::kStep;
   static_assert(Tile::kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows split evenly");
-  const int row0 = tid / 8;
+  const int row0 = Rows::row(tid, 0);
   const int chunk = tid % 8;
   const uint32_t s_base = smem_u32(smem) + (row0 * 64 + ((chunk ^ (row0 & 7)) << 3)) * 2;
 #pragma unroll
-  for (int i = 0; i < Tile::kRows / kRowStep; ++i) {
+  for (int i = 0; i < Rows::kCount; ++i) {
     const int row = row0 + i * kRowStep;
     const bool row_ok = row < rows_valid && (!kFromRow || row >= rows_begin);
     const T* g = row_ok ? row_of(i, row) + chunk * 8 : any_valid;
