@@ -12,7 +12,9 @@ For each thread count (--threads: 2 and all cores by default), dtype (fp32, bf16
 forward, and forward+backward (ours: flashattn_forward then flashattn_backward; torch: the
 forward with requires_grad and out.backward(dout)). The two alternate call by call (one
 warm-up each, then --repeats timed pairs), so that both meet the same state of the machine;
-the median of each is reported, and the ratio ours / torch (above 1: ours is faster).
+the median of each is reported, and the ratio ours / torch (above 1: ours is faster). Each
+timed call is followed by a pause of TORCH_SPIN_PAUSE_S (--no-spin-pause: none), so that no call
+runs beside torch's OpenMP threads still spinning after its last one.
 GFLOP/s: forward 4*B*H*N^2*D (causal: half), forward+backward 3.5x that. Once per shape the
 outputs are compared (max |ours - torch| over out, and over dq, dk, dv).
 
@@ -56,6 +58,8 @@ def parse_args():
     ap.add_argument("--repeats", type=int, default=3, help="timed calls of each, interleaved")
     ap.add_argument("--quick", action="store_true", help="seqlen 1024 only, 2 repeats")
     ap.add_argument("--json", help="write the records here")
+    ap.add_argument("--no-spin-pause", action="store_true",
+                    help="time each call right after the other side's (no pause between calls)")
     ap.add_argument("--decode", action="store_true",
                     help="one query token against a KV cache instead (see --decode-shapes)")
     ap.add_argument("--decode-shapes", default="1x4096,1x16384,4x4096,8x2048",
@@ -237,6 +241,10 @@ def main():
         fn()
         return time.perf_counter() - start
 
+    def pause():
+        if not args.no_spin_pause:
+            time.sleep(TORCH_SPIN_PAUSE_S)
+
     def gflops(B, N, H, D, causal, seconds, mult):
         flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0) * mult
         return flops / seconds / 1e9
@@ -245,7 +253,9 @@ def main():
     print(f"compare_cpu: {cpu_name}, {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), libflashattn "
           f"{lib.version()} ({args.lib}); load average {os.getloadavg()[0]:.2f}")
-    print(f"B={args.batch} H={args.heads} Nq=Nk, median of {args.repeats} interleaved calls; "
+    print(f"B={args.batch} H={args.heads} Nq=Nk, median of {args.repeats} interleaved calls "
+          f"({'no pause' if args.no_spin_pause else f'{TORCH_SPIN_PAUSE_S * 1e3:.0f} ms pause'} "
+          "after each); "
           "GFLOP/s forward 4BHN^2D (causal half), fwd+bwd 3.5x; ratio = ours / torch\n")
     print("| threads | dtype | D | N | causal | mode | ours ms | torch ms | ours GFLOP/s | "
           "torch GFLOP/s | ours/torch | max abs diff |")
@@ -292,8 +302,14 @@ def main():
             torch_fn()
             ours_t, torch_t = [], []
             for _ in range(args.repeats):
+                # After every call a pause, so that the next one does not share the cores with
+                # torch's OpenMP threads, which spin for a while after a call (ours block at
+                # once): on 2 cores, ours right after torch took 3-6 ms longer, a 10-15 % loss
+                # at N1k (docs/perf/cpu-2026-12-03-zen4.md). --no-spin-pause times it that way.
                 ours_t.append(timed(ours_fn))
+                pause()
                 torch_t.append(timed(torch_fn))
+                pause()
             ours_s, torch_s = statistics.median(ours_t), statistics.median(torch_t)
             if mode == "fwd":
                 ref = torch_forward().transpose(1, 2)
