@@ -56,14 +56,16 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   unsigned char* base = common::smem_align1024(smem_raw);
   T* sK = reinterpret_cast<T*>(base);
   T* sV = reinterpret_cast<T*>(base + Cfg::kKVBytes);
-  T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);                      // 2 stages
-  T* sdO = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 2 * Cfg::kQBytes);  // 2 stages
-  T* sdS = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes);
-  float* sDQ = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
+  constexpr int kStages = Cfg::kStepStages;
+  constexpr int kStepBytes = kStages * Cfg::kQBytes;  // one of Q, dO over all stages
+  T* sQ = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes);
+  T* sdO = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + kStepBytes);
+  T* sdS = reinterpret_cast<T*>(base + 2 * Cfg::kKVBytes + 2 * kStepBytes);
+  float* sDQ = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 2 * kStepBytes +
                                         Cfg::kDSBytes);  // [warpgroup][64 x 64], swizzled
-  float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
+  float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 2 * kStepBytes +
                                            Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
-  // [2 stages][LSE * log2(e), D][kBlockM]
+  // [stage][LSE * log2(e), D][kBlockM]
 
   const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
@@ -84,8 +86,17 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   };
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
-  if (steps > 0) load_step(head, m_block, 0);
-  common::cp_async_commit();
+  // The first kStages - 1 steps' loads, one cp.async group each (empty past the last step), so
+  // that the group of step s is always the (kStages - 1)-th newest at its top.
+  int ahead_head = head, ahead_m_block = m_block;  // the next step to load
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      load_step(ahead_head, ahead_m_block, s);
+      blk.next(ahead_head, ahead_m_block);
+    }
+    common::cp_async_commit();
+  }
 
   float acc_dk[kDAcc];
   float acc_dv[kDAcc];
@@ -107,16 +118,20 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     int next_head = head;
     int next_m_block = m_block;
     blk.next(next_head, next_m_block);
-    const int stage = step % 2;
+    const int stage = step % kStages;
     const uint32_t q_addr = common::smem_u32(sQ + stage * TileQ::kElems);
     const uint32_t do_addr = common::smem_u32(sdO + stage * TileQ::kElems);
     const float* lse2 = sStats + stage * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
-    common::cp_async_wait<0>();
+    common::cp_async_wait<kStages - 2>();
     common::fence_proxy_async();
-    __syncthreads();  // this step's tiles landed; the last step is done with sdS and buffers
-    if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
+    // This step's tiles landed; the last step is done with sdS and with the stage loaded next.
+    __syncthreads();
+    if (step + kStages - 1 < steps) {
+      load_step(ahead_head, ahead_m_block, (step + kStages - 1) % kStages);
+      blk.next(ahead_head, ahead_m_block);
+    }
     common::cp_async_commit();
 
     // S^T and dP^T: m64 (this warpgroup's keys) x kBlockM (queries), k = head_dim, as two
@@ -201,17 +216,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
     common::fence_proxy_async();
 
-    // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major (rows = queries = k, head_dim = n).
+    // dV += P^T dO: B = dO MN-major (rows = queries = k, head_dim = n).
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kQSteps; ++kk) {
       wgmma_rs<T, kHeadDim>(acc_dv, pt[kk],
                             smem_desc(do_addr + kk * 2048, kBlockM * 128, 1024), 1);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kQSteps; ++kk) {
-      wgmma_rs<T, kHeadDim>(acc_dk, dst[kk],
-                            smem_desc(q_addr + kk * 2048, kBlockM * 128, 1024), 1);
     }
     wgmma_commit();
     __syncthreads();  // both warpgroups' dS^T rows are in place
@@ -228,7 +238,14 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                          smem_desc(dq_b_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    // dK += dS^T Q (B = Q MN-major) after dQ, so that it runs while dQ goes out below.
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) {
+      wgmma_rs<T, kHeadDim>(acc_dk, dst[kk],
+                            smem_desc(q_addr + kk * 2048, kBlockM * 128, 1024), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ are complete
     fence_registers(acc_dq);
 
     // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
@@ -264,6 +281,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
     head = next_head;
     m_block = next_m_block;
+    wgmma_wait<0>();  // dK, before the next step's dS^T takes its operand registers
+    fence_registers(acc_dk);
   }
   if (lane == 0) common::bulk_wait_all();  // shared memory stays until the adds have read it
 
