@@ -305,7 +305,7 @@ def main():
                 # After every call a pause, so that the next one does not share the cores with
                 # torch's OpenMP threads, which spin for a while after a call (ours block at
                 # once): on 2 cores, ours right after torch took 3-6 ms longer, a 10-15 % loss
-                # at N1k (docs/perf/cpu-2026-12-03-zen4.md). --no-spin-pause times it that way.
+                # at N1k (docs/perf/cpu-2026-12-03-zen3.md). --no-spin-pause times it that way.
                 ours_t.append(timed(ours_fn))
                 pause()
                 torch_t.append(timed(torch_fn))
