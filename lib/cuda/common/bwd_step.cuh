@@ -25,18 +25,24 @@ __host__ __device__ inline TileScheduler key_blocks(const cuda::BwdParams& p) {
                        TileOrder::kHeadMajor};
 }
 
-// Launches a main kernel over key_blocks (any kernel taking only the parameters).
-template <class Kernel>
-cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, int block_n, int threads,
-                              int smem_bytes, cudaStream_t stream) {
+// Launches a main kernel over key_blocks of p; the kernel takes `args` (p itself, or a struct
+// holding it beside what else the kernel reads, such as tensor maps).
+template <class Kernel, class Args>
+cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, const Args& args,
+                              int block_n, int threads, int smem_bytes, cudaStream_t stream) {
   const int64_t blocks =
       TileScheduler{(p.seqlen_k + block_n - 1) / block_n, p.heads_kv, p.batch}.num_tiles();
   if (blocks > INT32_MAX) return cudaErrorNotSupported;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
+}
+template <class Kernel>
+cudaError_t launch_key_blocks(Kernel kernel, const cuda::BwdParams& p, int block_n, int threads,
+                              int smem_bytes, cudaStream_t stream) {
+  return launch_key_blocks(kernel, p, p, block_n, threads, smem_bytes, stream);
 }
 
 // One CTA's key block and its steps: the query blocks that see a key of it (the mask's

@@ -32,8 +32,11 @@ struct BwdConfig {
   static constexpr int kStepStages = 3;
   static constexpr int kStatsBytes = kStepStages * 2 * kBlockM * 4;  // LSE * log2(e) and D
   static constexpr int kDQBytes = 64 * 64 * 4;  // per warpgroup: the fp32 dQ tile it adds
-  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStepStages * kQBytes + kDSBytes +
-                                    kWarpGroups * kDQBytes + kStatsBytes + 1024;
+  // [K][V][Q stages][dO stages][dS^T][dQ per warpgroup][statistics][barriers]
+  static constexpr int kOffBarriers = 2 * kKVBytes + 2 * kStepStages * kQBytes + kDSBytes +
+                                      kWarpGroups * kDQBytes + kStatsBytes;
+  static constexpr int kBarrierBytes = 8 * (kStepStages + 2);  // stage full, K/V full, dS^T free
+  static constexpr int kSmemBytes = kOffBarriers + kBarrierBytes + 1024;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward's head dims");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles");

@@ -11,10 +11,17 @@
 // bulk reduce-add from shared memory, so no barrier of the warpgroup is needed (in key-block
 // order, behind a CTA barrier, when deterministic). The sm90 accumulator is stored in tiles (see
 // dq_tile_offset), which its own postprocess reads.
+// Loads: K and V once; Q, dO, LSE*log2(e) and D of each step two steps ahead, in a ring of
+// kStepStages. Where the tensor maps describe the inputs, one thread issues them all by TMA
+// and bulk copy, completing on the stage's mbarrier, and the warpgroups meet once a step (dS^T
+// in place for dQ); otherwise (a packed batch, or strides TMA cannot take) every thread loads
+// its share by cp.async and the CTA also meets at each step's top.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
@@ -26,19 +33,30 @@
 #include "cuda/common/tile.cuh"
 #include "cuda/common/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 #include "cuda/sm90/wgmma_util.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn {
 namespace sm90 {
 
+// The main kernel's one parameter (a __grid_constant__, so that the tensor maps are
+// addressable).
+struct BwdTmaArgs {
+  CUtensorMap q, k, v, dout;  // [batch, heads, rows, head dim]; set only when `tma`
+  cuda::BwdParams p;
+  bool tma;  // the loads by TMA (else by every thread's cp.async)
+};
+
 // kLoop (common::BwdLoop, chosen at launch by common::bwd_loop_of): the plain loop, the plain
 // loop with ALiBi's bias and the sinks' gradient, or the general one; each compiled apart, so
 // that plain attention keeps its registers and its uniform address arithmetic.
 template <class T, int kHeadDim, common::BwdLoop kLoop>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
-    bwd_kernel(const __grid_constant__ cuda::BwdParams p) {
+    bwd_kernel(const __grid_constant__ BwdTmaArgs args) {
 #ifdef FLASHATTN_SM90A_DEVICE
+  const cuda::BwdParams& p = args.p;
   constexpr bool kGeneral = kLoop == common::BwdLoop::kGeneral;
   constexpr bool kBiased = kLoop == common::BwdLoop::kBiased;
   using Cfg = BwdConfig<kHeadDim>;
@@ -66,6 +84,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 2 * kStepBytes +
                                            Cfg::kDSBytes + Cfg::kWarpGroups * Cfg::kDQBytes);
   // [stage][LSE * log2(e), D][kBlockM]
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + Cfg::kOffBarriers);  // [stage], TMA only
+  uint64_t* kv_full = full + kStages;                                       // TMA only
+  uint64_t* ds_free = kv_full + 1;  // every warp's dQ = dS K of the step has read sdS
 
   const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
@@ -77,7 +98,37 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const int n0 = blk.n0;
   const int steps = blk.steps;
 
-  common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  // Read through a shuffle so that the compiler knows it is uniform (branches on it stay
+  // non-divergent around the wgmmas).
+  const bool tma = __shfl_sync(0xffffffffu, args.tma ? 1 : 0, 0) != 0;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
+    mbar_init(kv_full, 1);
+    mbar_init(ds_free, kThreads / 32);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // A step's tiles by TMA (one thread): Q and dO in boxes of 64 columns, the statistics by bulk
+  // copy (the workspace's padded rows hold +inf and 0). The maps cover fixed shapes only, so the
+  // rows are the step's own and those past seqlen_q read as zero.
+  auto tma_step = [&](int head, int m_block, int stage) {
+    uint64_t* bar = full + stage;
+    const int m0 = m_block * kBlockM;
+    mbar_arrive_expect_tx(bar, 2 * Cfg::kQBytes + 2 * kBlockM * 4);
+#pragma unroll
+    for (int cb = 0; cb < kHeadDim / kTmaBoxCols; ++cb) {
+      tma_load_4d(sQ + stage * TileQ::kElems + cb * kBlockM * 64, &args.q, bar, cb * kTmaBoxCols,
+                  m0, head, blk.batch);
+      tma_load_4d(sdO + stage * TileQ::kElems + cb * kBlockM * 64, &args.dout, bar,
+                  cb * kTmaBoxCols, m0, head, blk.batch);
+    }
+    const int64_t row = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+    float* stats = sStats + stage * 2 * kBlockM;
+    bulk_load(stats, p.lse_log2 + row, kBlockM * 4, bar);
+    bulk_load(stats + kBlockM, p.dsum + row, kBlockM * 4, bar);
+  };
   auto load_step = [&](int head, int m_block, int stage) {
     common::load_bwd_step<TileQ, kThreads>(p, blk.batch, blk.seq, head, m_block,
                                            sQ + stage * TileQ::kElems,
@@ -86,16 +137,39 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   };
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
-  // The first kStages - 1 steps' loads, one cp.async group each (empty past the last step), so
-  // that the group of step s is always the (kStages - 1)-th newest at its top.
   int ahead_head = head, ahead_m_block = m_block;  // the next step to load
+  if (tma) {
+    if (tid == 0) {
+      prefetch_tensor_map(&args.q);
+      prefetch_tensor_map(&args.dout);
+      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) {
-      load_step(ahead_head, ahead_m_block, s);
-      blk.next(ahead_head, ahead_m_block);
+      for (int cb = 0; cb < kHeadDim / kTmaBoxCols; ++cb) {
+        tma_load_4d(sK + cb * kBlockN * 64, &args.k, kv_full, cb * kTmaBoxCols, n0, blk.head_kv,
+                    blk.batch);
+        tma_load_4d(sV + cb * kBlockN * 64, &args.v, kv_full, cb * kTmaBoxCols, n0, blk.head_kv,
+                    blk.batch);
+      }
     }
-    common::cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) {
+        if (tid == 0) tma_step(ahead_head, ahead_m_block, s);
+        blk.next(ahead_head, ahead_m_block);
+      }
+    }
+  } else {
+    common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+    // The first kStages - 1 steps' loads, one cp.async group each (empty past the last step),
+    // so that the group of step s is always the (kStages - 1)-th newest at its top.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) {
+        load_step(ahead_head, ahead_m_block, s);
+        blk.next(ahead_head, ahead_m_block);
+      }
+      common::cp_async_commit();
+    }
   }
 
   float acc_dk[kDAcc];
@@ -113,26 +187,32 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
-  for (int step = 0; step < steps; ++step) {
+  if (tma) mbar_wait(kv_full, 0);
+  RingSlot<kStages> slot;  // this step's stage and the parity of its use
+  for (int step = 0; step < steps; ++step, slot.advance()) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
     int next_m_block = m_block;
     blk.next(next_head, next_m_block);
-    const int stage = step % kStages;
+    const int stage = slot.index;
     const uint32_t q_addr = common::smem_u32(sQ + stage * TileQ::kElems);
     const uint32_t do_addr = common::smem_u32(sdO + stage * TileQ::kElems);
     const float* lse2 = sStats + stage * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
-    common::cp_async_wait<kStages - 2>();
-    common::fence_proxy_async();
-    // This step's tiles landed; the last step is done with sdS and with the stage loaded next.
-    __syncthreads();
-    if (step + kStages - 1 < steps) {
-      load_step(ahead_head, ahead_m_block, (step + kStages - 1) % kStages);
-      blk.next(ahead_head, ahead_m_block);
+    if (tma) {
+      mbar_wait(full + stage, slot.phase);
+    } else {
+      common::cp_async_wait<kStages - 2>();
+      common::fence_proxy_async();
+      // This step's tiles landed; the last step is done with the stage loaded next.
+      __syncthreads();
+      if (step + kStages - 1 < steps) {
+        load_step(ahead_head, ahead_m_block, (stage + kStages - 1) % kStages);
+        blk.next(ahead_head, ahead_m_block);
+      }
+      common::cp_async_commit();
     }
-    common::cp_async_commit();
 
     // S^T and dP^T: m64 (this warpgroup's keys) x kBlockM (queries), k = head_dim, as two
     // wgmma groups: the exponentials below run while the dP^T group is still on the tensor cores.
@@ -197,7 +277,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // these registers as operands: in-flight operand registers must not be touched). The
     // swizzle of TileDS::offset written out: this thread's rows all have r % 8 == g, so the
     // 16-byte chunk j of a 64-column block lands at chunk j ^ g, one XOR per j; the rest of the
-    // offset is the row base and immediates.
+    // offset is the row base and immediates. Both warpgroups' dQ of the last step must have
+    // read sdS first.
+    if (step > 0) mbar_wait(ds_free, (step - 1) & 1);
     {
       T* ds_row = sdS + (wg * 64 + warp * 16 + g) * 64 + 2 * t;
 #pragma unroll
@@ -224,7 +306,13 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                             smem_desc(do_addr + kk * 2048, kBlockM * 128, 1024), 1);
     }
     wgmma_commit();
-    __syncthreads();  // both warpgroups' dS^T rows are in place
+    // Both warpgroups' dS^T rows are in place; both are done with the last step, so its stage
+    // takes the loads of the step kStages - 1 ahead.
+    __syncthreads();
+    if (tma && step + kStages - 1 < steps) {
+      if (tid == 0) tma_step(ahead_head, ahead_m_block, (stage + kStages - 1) % kStages);
+      blk.next(ahead_head, ahead_m_block);
+    }
 
     // dQ = dS K over all 128 keys: A = dS (queries x keys) read MN-major from dS^T, B = K
     // MN-major; this warpgroup's 64 x 64 part (see dq_a_addr, dq_b_addr).
@@ -247,6 +335,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ are complete
     fence_registers(acc_dq);
+    if (lane == 0) mbar_arrive(ds_free);
 
     // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
     // tiles), then one bulk add of them. Deterministic: in key-block order behind a semaphore.
@@ -306,12 +395,38 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #endif
 }
 
+// The tensor maps of Q, K, V and dO for the loads by TMA; false where they cannot serve: a
+// packed batch (rows past a sequence's end would read the next one's, not zeros), or a view the
+// encoder refuses (strides that are not multiples of 16 bytes, such as a head dim of 100 in
+// [batch, rows, heads, 100]).
+template <class T, int kHeadDim>
+bool encode_bwd_maps(BwdTmaArgs& a) {
+  const cuda::BwdParams& p = a.p;
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr) return false;
+  using Cfg = BwdConfig<kHeadDim>;
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
+                        p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  const TensorMapView k{p.k, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
+                        p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+  const TensorMapView v{p.v, kBf16, p.head_dim_v, p.seqlen_k, p.heads_kv, p.batch,
+                        p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  const TensorMapView dout{p.dout, kBf16, p.head_dim_v, p.seqlen_q, p.heads_q, p.batch,
+                           p.do_row_stride, p.do_head_stride, p.do_batch_stride};
+  return encode_tensor_map(&a.q, q, Cfg::kBlockM) && encode_tensor_map(&a.k, k, Cfg::kBlockN) &&
+         encode_tensor_map(&a.v, v, Cfg::kBlockN) &&
+         encode_tensor_map(&a.dout, dout, Cfg::kBlockM);
+}
+
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   const auto kernel = common::kernel_for_loop(
       p, [](auto loop) { return bwd_kernel<T, kHeadDim, decltype(loop)::value>; });
   using Cfg = BwdConfig<kHeadDim>;
-  return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
+  BwdTmaArgs args{};
+  args.p = p;
+  args.tma = encode_bwd_maps<T, kHeadDim>(args);
+  return common::launch_key_blocks(kernel, p, args, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
 }
 

@@ -90,6 +90,17 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const void* tmap, uint64
       : "memory");
 #endif
 }
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) of contiguous global memory
+// into shared memory, completing them on the barrier's transaction count.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes,
+                                          uint64_t* bar) {
+#ifdef FLASHATTN_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(common::smem_u32(smem)), "l"(gmem), "r"(bytes), "r"(common::smem_u32(bar))
+      : "memory");
+#endif
+}
 // Stores a box from shared memory (in this thread's bulk group); out-of-bounds elements are
 // not written.
 __device__ __forceinline__ void tma_store_4d(const void* tmap, const void* smem, int c0, int c1,
