@@ -66,8 +66,10 @@ struct BwdSplitConfig {
   static constexpr int kQBytes = TileQ::kElems * 2;
   static constexpr int kPBytes = TileP::kElems * 2;
   static constexpr int kStatsBytes = 2 * 2 * kBlockM * 4;  // 2 stages of LSE * log2(e) and D
-  // [K][V][stage 0: Q, dO][stage 1: Q, dO][P^T][dS^T][statistics]
-  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kPBytes + kStatsBytes + 1024;
+  // [K][V][stage 0: Q, dO][stage 1: Q, dO][P^T][dS^T][statistics][barriers]
+  static constexpr int kOffBarriers = 2 * kKVBytes + 4 * kQBytes + 2 * kPBytes + kStatsBytes;
+  static constexpr int kBarrierBytes = 8 * 4;  // 2 stages full, K/V full, step done
+  static constexpr int kSmemBytes = kOffBarriers + kBarrierBytes + 1024;
   static_assert(kHeadDim == 256 && kDSplit == 128 && kQSplit == 32, "head dim 256");
   static_assert(2 * kQBytes == kBlockM * kHeadDim * 4, "a Q/dO stage holds the fp32 dQ tile");
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM's shared memory");

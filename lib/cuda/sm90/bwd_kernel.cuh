@@ -19,9 +19,7 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/flash/params.hpp"
@@ -33,21 +31,13 @@
 #include "cuda/common/tile.cuh"
 #include "cuda/common/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/bwd_loads.cuh"
 #include "cuda/sm90/pipeline.cuh"
-#include "cuda/sm90/tensor_map.hpp"
 #include "cuda/sm90/wgmma_util.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace flashattn {
 namespace sm90 {
-
-// The main kernel's one parameter (a __grid_constant__, so that the tensor maps are
-// addressable).
-struct BwdTmaArgs {
-  CUtensorMap q, k, v, dout;  // [batch, heads, rows, head dim]; set only when `tma`
-  cuda::BwdParams p;
-  bool tma;  // the loads by TMA (else by every thread's cp.async)
-};
 
 // kLoop (common::BwdLoop, chosen at launch by common::bwd_loop_of): the plain loop, the plain
 // loop with ALiBi's bias and the sinks' gradient, or the general one; each compiled apart, so
@@ -98,9 +88,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const int n0 = blk.n0;
   const int steps = blk.steps;
 
-  // Read through a shuffle so that the compiler knows it is uniform (branches on it stay
-  // non-divergent around the wgmmas).
-  const bool tma = __shfl_sync(0xffffffffu, args.tma ? 1 : 0, 0) != 0;
+  const bool tma = bwd_uses_tma(args);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
@@ -110,24 +98,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   }
   __syncthreads();
 
-  // A step's tiles by TMA (one thread): Q and dO in boxes of 64 columns, the statistics by bulk
-  // copy (the workspace's padded rows hold +inf and 0). The maps cover fixed shapes only, so the
-  // rows are the step's own and those past seqlen_q read as zero.
   auto tma_step = [&](int head, int m_block, int stage) {
-    uint64_t* bar = full + stage;
-    const int m0 = m_block * kBlockM;
-    mbar_arrive_expect_tx(bar, 2 * Cfg::kQBytes + 2 * kBlockM * 4);
-#pragma unroll
-    for (int cb = 0; cb < kHeadDim / kTmaBoxCols; ++cb) {
-      tma_load_4d(sQ + stage * TileQ::kElems + cb * kBlockM * 64, &args.q, bar, cb * kTmaBoxCols,
-                  m0, head, blk.batch);
-      tma_load_4d(sdO + stage * TileQ::kElems + cb * kBlockM * 64, &args.dout, bar,
-                  cb * kTmaBoxCols, m0, head, blk.batch);
-    }
-    const int64_t row = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
-    float* stats = sStats + stage * 2 * kBlockM;
-    bulk_load(stats, p.lse_log2 + row, kBlockM * 4, bar);
-    bulk_load(stats + kBlockM, p.dsum + row, kBlockM * 4, bar);
+    tma_load_step<TileQ>(args, full + stage, sQ + stage * TileQ::kElems,
+                         sdO + stage * TileQ::kElems, sStats + stage * 2 * kBlockM, blk.batch,
+                         head, m_block);
   };
   auto load_step = [&](int head, int m_block, int stage) {
     common::load_bwd_step<TileQ, kThreads>(p, blk.batch, blk.seq, head, m_block,
@@ -139,18 +113,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   int m_block = blk.m_begin;
   int ahead_head = head, ahead_m_block = m_block;  // the next step to load
   if (tma) {
-    if (tid == 0) {
-      prefetch_tensor_map(&args.q);
-      prefetch_tensor_map(&args.dout);
-      mbar_arrive_expect_tx(kv_full, 2 * Cfg::kKVBytes);
-#pragma unroll
-      for (int cb = 0; cb < kHeadDim / kTmaBoxCols; ++cb) {
-        tma_load_4d(sK + cb * kBlockN * 64, &args.k, kv_full, cb * kTmaBoxCols, n0, blk.head_kv,
-                    blk.batch);
-        tma_load_4d(sV + cb * kBlockN * 64, &args.v, kv_full, cb * kTmaBoxCols, n0, blk.head_kv,
-                    blk.batch);
-      }
-    }
+    if (tid == 0) tma_load_kv<TileKV>(args, kv_full, sK, sV, n0, blk.head_kv, blk.batch);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < steps) {
@@ -395,29 +358,6 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 #endif
 }
 
-// The tensor maps of Q, K, V and dO for the loads by TMA; false where they cannot serve: a
-// packed batch (rows past a sequence's end would read the next one's, not zeros), or a view the
-// encoder refuses (strides that are not multiples of 16 bytes, such as a head dim of 100 in
-// [batch, rows, heads, 100]).
-template <class T, int kHeadDim>
-bool encode_bwd_maps(BwdTmaArgs& a) {
-  const cuda::BwdParams& p = a.p;
-  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr) return false;
-  using Cfg = BwdConfig<kHeadDim>;
-  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  const TensorMapView q{p.q, kBf16, p.head_dim, p.seqlen_q, p.heads_q, p.batch,
-                        p.q_row_stride, p.q_head_stride, p.q_batch_stride};
-  const TensorMapView k{p.k, kBf16, p.head_dim, p.seqlen_k, p.heads_kv, p.batch,
-                        p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const TensorMapView v{p.v, kBf16, p.head_dim_v, p.seqlen_k, p.heads_kv, p.batch,
-                        p.v_row_stride, p.v_head_stride, p.v_batch_stride};
-  const TensorMapView dout{p.dout, kBf16, p.head_dim_v, p.seqlen_q, p.heads_q, p.batch,
-                           p.do_row_stride, p.do_head_stride, p.do_batch_stride};
-  return encode_tensor_map(&a.q, q, Cfg::kBlockM) && encode_tensor_map(&a.k, k, Cfg::kBlockN) &&
-         encode_tensor_map(&a.v, v, Cfg::kBlockN) &&
-         encode_tensor_map(&a.dout, dout, Cfg::kBlockM);
-}
-
 template <class T, int kHeadDim>
 cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   const auto kernel = common::kernel_for_loop(
@@ -425,7 +365,7 @@ cudaError_t launch_bwd_main(const cuda::BwdParams& p, cudaStream_t stream) {
   using Cfg = BwdConfig<kHeadDim>;
   BwdTmaArgs args{};
   args.p = p;
-  args.tma = encode_bwd_maps<T, kHeadDim>(args);
+  args.tma = encode_bwd_maps<T>(args, Cfg::kBlockM, Cfg::kBlockN);
   return common::launch_key_blocks(kernel, p, args, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
 }

@@ -9,6 +9,9 @@
 // it is staged in the spent Q/dO stage (after the barrier that ends every read of it) and each
 // warp adds its rows with bulk reduce-adds (in key-block order when deterministic). The
 // accumulator takes the 64 x 64 tiles of dq_tile_offset, which the postprocess reads.
+// Loads as in bwd_kernel.cuh: by TMA from one thread where the maps serve (one step ahead; the
+// warpgroups meet once a step, for P^T and dS^T, and each waits at a step's top for the other
+// to finish the last one), else by every thread's cp.async with a CTA barrier at each top.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,8 @@
 #include "cuda/common/tile.cuh"
 #include "cuda/common/arch.cuh"
 #include "cuda/sm90/bwd_config.cuh"
+#include "cuda/sm90/bwd_loads.cuh"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/wgmma_util.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -35,8 +40,9 @@ namespace sm90 {
 // that plain attention keeps its registers and its uniform address arithmetic.
 template <class T, int kHeadDim, common::BwdLoop kLoop>
 __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
-    bwd_split_kernel(const __grid_constant__ cuda::BwdParams p) {
+    bwd_split_kernel(const __grid_constant__ BwdTmaArgs args) {
 #ifdef FLASHATTN_SM90A_DEVICE
+  const cuda::BwdParams& p = args.p;
   constexpr bool kGeneral = kLoop == common::BwdLoop::kGeneral;
   constexpr bool kBiased = kLoop == common::BwdLoop::kBiased;
   using Cfg = BwdSplitConfig<kHeadDim>;
@@ -61,6 +67,9 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   T* sdS = sP + TileP::kElems;
   float* sStats = reinterpret_cast<float*>(base + 2 * Cfg::kKVBytes + 4 * Cfg::kQBytes +
                                            2 * Cfg::kPBytes);  // [2 stages][LSE2, D][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + Cfg::kOffBarriers);  // [stage], TMA only
+  uint64_t* kv_full = full + 2;                                             // TMA only
+  uint64_t* step_done = kv_full + 1;  // every warp's wgmmas of the step are complete (TMA only)
 
   const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
@@ -72,16 +81,41 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   const int n0 = blk.n0;
   const int steps = blk.steps;
 
-  common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  const bool tma = bwd_uses_tma(args);
+  if (tid == 0) {
+    mbar_init(full, 1);
+    mbar_init(full + 1, 1);
+    mbar_init(kv_full, 1);
+    mbar_init(step_done, kThreads / 32);
+    mbar_fence_init();
+  }
+  __syncthreads();
   auto load_step = [&](int head, int m_block, int stage) {
     common::load_bwd_step<TileQ, kThreads>(p, blk.batch, blk.seq, head, m_block,
                                          sQ + 2 * stage * TileQ::kElems,
                                          sdO + 2 * stage * TileQ::kElems,
                                          sStats + stage * 2 * kBlockM, tid);
   };
+  // Step `stage`'s loads: one thread's TMA, or every thread's cp.async group.
+  auto issue_step = [&](int head, int m_block, int stage) {
+    if (tma) {
+      if (tid == 0) {
+        tma_load_step<TileQ>(args, full + stage, sQ + 2 * stage * TileQ::kElems,
+                             sdO + 2 * stage * TileQ::kElems, sStats + stage * 2 * kBlockM,
+                             blk.batch, head, m_block);
+      }
+    } else {
+      load_step(head, m_block, stage);
+    }
+  };
   int head = blk.first_head(p);
   int m_block = blk.m_begin;
-  if (steps > 0) load_step(head, m_block, 0);
+  if (tma) {
+    if (tid == 0) tma_load_kv<TileKV>(args, kv_full, sK, sV, n0, blk.head_kv, blk.batch);
+  } else {
+    common::load_kv<TileKV, kThreads>(p, blk, sK, sV, tid);
+  }
+  if (steps > 0) issue_step(head, m_block, 0);
   common::cp_async_commit();
 
   float acc_dk[kDAcc];
@@ -125,20 +159,28 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
-  for (int step = 0; step < steps; ++step) {
+  if (tma) mbar_wait(kv_full, 0);
+  RingSlot<2> slot;  // this step's stage and the parity of its use
+  for (int step = 0; step < steps; ++step, slot.advance()) {
     const int m0 = m_block * kBlockM;
     int next_head = head;
     int next_m_block = m_block;
     blk.next(next_head, next_m_block);
-    const int stage = step % 2;
+    const int stage = slot.index;
     const uint32_t q_addr = common::smem_u32(sQ + 2 * stage * TileQ::kElems);
     const uint32_t do_addr = common::smem_u32(sdO + 2 * stage * TileQ::kElems);
     const float* lse2 = sStats + stage * 2 * kBlockM + wg * kQSplit;  // this warpgroup's queries
     const float* dsum = lse2 + kBlockM;
 
-    common::cp_async_wait<0>();
-    common::fence_proxy_async();
-    __syncthreads();  // this step's tiles landed; the last step's readers are done
+    if (tma) {
+      mbar_wait(full + stage, slot.phase);  // this step's tiles landed
+      // The last step's readers are done (of sP, sdS, and of the stage its dQ is staged in).
+      if (step > 0) mbar_wait(step_done, (step - 1) & 1);
+    } else {
+      common::cp_async_wait<0>();
+      common::fence_proxy_async();
+      __syncthreads();  // this step's tiles landed; the last step's readers are done
+    }
     if (step > 0) flush_dq(1 - stage);
 
     // S^T and dP^T: m64 (keys) x n32 (this warpgroup's queries), k = 256; two wgmma groups, so
@@ -204,7 +246,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     // may refill that stage.
     if (step > 0 && lane == 0) common::bulk_wait_read();
     __syncthreads();  // P^T and dS^T complete
-    if (step + 1 < steps) load_step(next_head, next_m_block, 1 - stage);
+    if (step + 1 < steps) issue_step(next_head, next_m_block, 1 - stage);
     common::cp_async_commit();
 
     // dV += P^T dO and dK += dS^T Q: m64 (keys) x n128 (this warpgroup's columns), k = 64
@@ -238,6 +280,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     fence_registers(acc_dv);
     fence_registers(acc_dk);
     fence_registers(acc_dq);
+    if (lane == 0) mbar_arrive(step_done);
 
     const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
     pending_dq = (head_rows + m0) * p.head_dim_padded;
@@ -285,7 +328,10 @@ cudaError_t launch_bwd_split_main(const cuda::BwdParams& p, cudaStream_t stream)
   const auto kernel = common::kernel_for_loop(
       p, [](auto loop) { return bwd_split_kernel<T, kHeadDim, decltype(loop)::value>; });
   using Cfg = BwdSplitConfig<kHeadDim>;
-  return common::launch_key_blocks(kernel, p, Cfg::kBlockN, Cfg::kNThreads,
+  BwdTmaArgs args{};
+  args.p = p;
+  args.tma = encode_bwd_maps<T>(args, Cfg::kBlockM, Cfg::kBlockN);
+  return common::launch_key_blocks(kernel, p, args, Cfg::kBlockN, Cfg::kNThreads,
                                    Cfg::kSmemBytes, stream);
 }
 
