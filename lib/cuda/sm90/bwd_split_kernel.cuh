@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     fence_registers(acc_dv);
     fence_registers(acc_dk);
     fence_registers(acc_dq);
-    if (lane == 0) mbar_arrive(step_done);
+    if (tma && lane == 0) mbar_arrive(step_done);  // waited for only by the TMA loop
 
     const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
     pending_dq = (head_rows + m0) * p.head_dim_padded;
