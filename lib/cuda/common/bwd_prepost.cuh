@@ -96,11 +96,15 @@ __global__ void __launch_bounds__(256)
 
 // ---- 3. postprocess --------------------------------------------------------------------------
 
+constexpr int kTiledChunk = 8;  // columns per thread in the sm90 tiles' path
 template <class T>
 __global__ void __launch_bounds__(256)
     bwd_postprocess_kernel(const __grid_constant__ cuda::BwdParams p) {
   constexpr int kRows = kPrepostRows;
-  const TileCoord blk = prepost_blocks(p, p.seqlen_q).at(blockIdx.x);
+  // Last (batch, head) first: the main kernel's key blocks ran in (batch, head) order, so the
+  // accumulator rows it added into last are the ones still in L2.
+  const TileScheduler blocks = prepost_blocks(p, p.seqlen_q);
+  const TileCoord blk = blocks.at(static_cast<int>(blocks.num_tiles() - 1 - blockIdx.x));
   const int m0 = blk.m_block * kRows;
   const int head = blk.head;
   const int batch = blk.batch;
@@ -111,6 +115,31 @@ __global__ void __launch_bounds__(256)
   T* dq = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
           int64_t(seq.offset_q + m0) * p.dq_row_stride;
   const int rows = min(kRows, seq.seqlen_q - m0);
+  if (p.dq_tiled && p.head_dim % kTiledChunk == 0) {
+    // The sm90 tiles, eight columns at a time: the tile's swizzle moves column pairs in groups
+    // of four, so eight columns from a multiple of 8 are 32 contiguous, aligned bytes; one
+    // 16-byte store each (the rows of dq are 16-byte aligned on this path).
+    const int chunks = p.head_dim / kTiledChunk;
+    for (int i = threadIdx.x; i < rows * chunks; i += 256) {
+      const int r = i / chunks;
+      const int c = (i % chunks) * kTiledChunk;
+      const float* src = acc + (c / 64) * 4096 + dq_tile_offset(r, c % 64);
+      const float4 lo = *reinterpret_cast<const float4*>(src);
+      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      const float f[kTiledChunk] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      bool finite = true;
+      uint32_t w[kTiledChunk / 2];
+#pragma unroll
+      for (int e = 0; e < kTiledChunk / 2; ++e) {
+        finite = finite && isfinite(f[2 * e]) && isfinite(f[2 * e + 1]);
+        w[e] = pack2<T>(f[2 * e] * p.scale, f[2 * e + 1] * p.scale);
+      }
+      if (!finite) flag_spoiled_row(p, batch, head, m0 + r);  // common/bwd_repair.cuh
+      *reinterpret_cast<uint4*>(dq + int64_t(r) * p.dq_row_stride + c) =
+          make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return;
+  }
   const int chunks = (p.head_dim + 1) / 2;  // pairs of elements
   const bool blocked = bulk_dq(p.head_dim_padded);
   for (int i = threadIdx.x; i < rows * chunks; i += 256) {
