@@ -24,6 +24,8 @@
 //                  [--window L,R] [--softcap C]   the sweep with a sliding window (-1: a side
 //                                                 unbounded) or a softcap; TFLOP/s count only
 //                                                 the visible (query, key) pairs
+//                  [--deterministic]              every backward in deterministic mode (dQ added
+//                                                 in a fixed order; said above the tables)
 //                  [--alibi] [--sinks]            the sweep with ALiBi (a slope per head,
 //                                                 FlashAttention-2's 2^(-8 (h + 1) / H)) or
 //                                                 attention sinks (a logit per head; the
@@ -73,6 +75,7 @@ struct Config {
   int window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool alibi = false, sinks = false;
+  bool deterministic = false;
 };
 
 struct Shape {
@@ -176,6 +179,7 @@ Config parse(int argc, char** argv) {
     } else if (a == "--softcap") c.softcap = static_cast<float>(std::atof(next()));
     else if (a == "--alibi") c.alibi = true;
     else if (a == "--sinks") c.sinks = true;
+    else if (a == "--deterministic") c.deterministic = true;
     else if (a == "--help" || a == "-h") {
       std::puts("see the comment at the top of examples/cuda/cuda_benchmark.cu");
       std::exit(0);
@@ -412,6 +416,7 @@ Result run_algo(const Config& cfg, const Shape& s, Buffers& mem, flashattn_algor
   opts.window_left = s.window ? s.window_left : 0;
   opts.window_right = s.window ? s.window_right : 0;
   opts.softcap = s.softcap;
+  opts.deterministic = cfg.deterministic ? 1 : 0;
 
   flashattn_context_t ctx = nullptr;
   if (flashattn_context_create(&ctx, FLASHATTN_BACKEND_CUDA, cfg.device) != FLASHATTN_SUCCESS) {
@@ -698,6 +703,9 @@ int main(int argc, char** argv) {
   std::printf("TFLOP/s: forward 4*B*H*N^2*D (causal: half), backward 2.5x, fwd+bwd 3.5x. "
               "ws: workspace asked for; mem: tensors + workspace; meas: scratch the context "
               "allocated (cudaMemGetInfo)\n\n");
+  if (cfg.deterministic) {
+    std::printf("Every backward (and fwd+bwd) below runs in deterministic mode.\n\n");
+  }
 
   FILE* csv = nullptr;
   if (!cfg.csv.empty()) {
