@@ -18,11 +18,13 @@
 namespace flashattn {
 namespace common {
 
-// The backward's main kernels run one CTA per (key block, kv head, batch), in a 1-D grid.
+// The backward's main kernels run one CTA per (key block, kv head, batch), in a 1-D grid. In
+// deterministic mode a head's last key block is launched first: the dQ turns go in descending
+// key-block order (BwdBlock::dq_turn), and a CTA may only wait for CTAs launched before it.
 template <int kBlockN>
 __host__ __device__ inline TileScheduler key_blocks(const cuda::BwdParams& p) {
   return TileScheduler{(p.seqlen_k + kBlockN - 1) / kBlockN, p.heads_kv, p.batch,
-                       TileOrder::kHeadMajor};
+                       p.deterministic ? TileOrder::kHeadMajorReversed : TileOrder::kHeadMajor};
 }
 
 // Launches a main kernel over key_blocks of p; the kernel takes `args` (p itself, or a struct
@@ -74,12 +76,15 @@ struct BwdBlock {
   __device__ WindowMask mask(const cuda::BwdParams& p) const { return mask_of(p, seq); }
   __device__ int first_head(const cuda::BwdParams& p) const { return head_kv * p.group; }
   // Deterministic dQ: this key block's turn among those that add into query block m_block, 0
-  // for the first (with a window's left bound that is not key block 0). The key blocks a query
-  // block sees are contiguous, so the turns are too.
+  // for the last key block that sees it. The key blocks a query block sees are contiguous, so
+  // the turns are too. Descending, because that is the order in which they reach it under a
+  // causal mask or a window (key block n starts at query block ~2n, n - 1 gets there two steps
+  // later); ascending, the diagonal CTAs would wait most of their life for key block 0
+  // (kernel log, run 106).
   __device__ int dq_turn(const cuda::BwdParams& p, int m_block) const {
     int begin, end;
     mask(p).n_block_range(m_block * kBlockM, kBlockM, kBlockN, begin, end);
-    return n_block - begin;
+    return end - 1 - n_block;
   }
   // The step after (head, m_block).
   __device__ void next(int& head, int& m_block) const {
@@ -175,12 +180,15 @@ __device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batc
   }
 }
 
-// Deterministic dQ: the key blocks add into a query block's accumulator in key-block order,
-// behind a per-query-block semaphore (zeroed by the preprocess) that counts the turns taken
-// (BwdBlock::dq_turn). CTA-wide: waits until it is `turn`.
+// Deterministic dQ: the key blocks add into a query block's accumulator in their turns
+// (BwdBlock::dq_turn), behind a per-query-block semaphore (zeroed by the preprocess) that counts
+// the adders done: one per CTA (pass_dq_turn), or one per warp where each warp adds its own part
+// of the tile (pass_dq_turn_of_warp; the turn is then turn * warps). CTA-wide: waits until `turn`
+// adders are done (>=, not ==: where warps count, the quicker warps of this turn may count on
+// before every warp has left the wait).
 __device__ __forceinline__ void wait_dq_turn(int* sem, int turn) {
   if (threadIdx.x == 0) {
-    while (atomicAdd(sem, 0) != turn) {
+    while (ld_acquire_gpu(sem) < turn) {
     }
     __threadfence();
   }
@@ -194,6 +202,14 @@ __device__ __forceinline__ void pass_dq_turn(int* sem, int turn) {
     __threadfence();
     atomicExch(sem, turn + 1);
   }
+}
+// One thread of a warp (the one that issued the warp's bulk add into the turn's query block):
+// waits for that add to complete, then counts the warp done. No barrier: called where it costs
+// least, such as under the next step's first wgmmas.
+__device__ __forceinline__ void pass_dq_turn_of_warp(int* sem) {
+  bulk_wait_all();
+  __threadfence();
+  atomicAdd(sem, 1);
 }
 
 }  // namespace common

@@ -122,6 +122,14 @@ __device__ __forceinline__ void bulk_wait_all() {
 #endif
 }
 
+// A load of an int in global memory that other CTAs write, ordered before this thread's later
+// accesses (acquire, GPU scope): for polling a semaphore.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Programmatic dependent launch (sm_90 on; no-ops before, where the launch attribute is not
 // set): a grid lets the next kernel of its stream start launching (its CTAs then run up to
 // wait_for_prior_grid) ...
