@@ -182,10 +182,8 @@ __device__ __forceinline__ void load_bwd_step(const cuda::BwdParams& p, int batc
 
 // Deterministic dQ: the key blocks add into a query block's accumulator in their turns
 // (BwdBlock::dq_turn), behind a per-query-block semaphore (zeroed by the preprocess) that counts
-// the adders done: one per CTA (pass_dq_turn), or one per warp where each warp adds its own part
-// of the tile (pass_dq_turn_of_warp; the turn is then turn * warps). CTA-wide: waits until `turn`
-// adders are done (>=, not ==: where warps count, the quicker warps of this turn may count on
-// before every warp has left the wait).
+// the adders done: one per CTA (here), or one per warp (WarpDqTurn). CTA-wide: waits until it is
+// `turn`.
 __device__ __forceinline__ void wait_dq_turn(int* sem, int turn) {
   if (threadIdx.x == 0) {
     while (ld_acquire_gpu(sem) < turn) {
@@ -203,14 +201,36 @@ __device__ __forceinline__ void pass_dq_turn(int* sem, int turn) {
     atomicExch(sem, turn + 1);
   }
 }
-// One thread of a warp (the one that issued the warp's bulk add into the turn's query block):
-// waits for that add to complete, then counts the warp done. No barrier: called where it costs
-// least, such as under the next step's first wgmmas.
-__device__ __forceinline__ void pass_dq_turn_of_warp(int* sem) {
-  bulk_wait_all();
-  __threadfence();
-  atomicAdd(sem, 1);
-}
+// Deterministic dQ where each warp adds its own part of the tile and waits and counts alone,
+// so that no barrier of the CTA is spent on it: the query block's semaphore counts warps done,
+// and a warp's turn is dq_turn * (the CTA's warps). A step calls, in order:
+//   look(sem)              early, where the latency of a load is hidden: the count now;
+//   wait(sem, need, seen)  before the add: until `need` warps are done (>=: the quicker warps
+//                          of this turn may count on before every warp of it has left the wait);
+//   issued(sem)            after the add (lane 0 issues it);
+//   pass(sems)             as late as the next wait allows, where the add is likely complete:
+//                          waits for it and counts this warp done (release: after its writes).
+// The loads are relaxed: what follows the wait is only the warp's bulk reduce-add, issued after
+// the count is read and performed at L2, where the adds the count stands for were performed
+// before they were counted; nothing this warp reads depends on it. The whole warp loads (one
+// request) and spins, so that no value lives in lane 0 alone across the step.
+struct WarpDqTurn {
+  int pending = -1;  // lane 0: the semaphore this warp's last add counts toward, -1 for none
+
+  __device__ __forceinline__ static int look(const int* sem) { return ld_relaxed_gpu(sem); }
+  __device__ __forceinline__ static void wait(const int* sem, int need, int seen) {
+    while (seen < need) seen = ld_relaxed_gpu(sem);
+    __syncwarp();
+  }
+  __device__ __forceinline__ void issued(int sem_index) { pending = sem_index; }
+  __device__ __forceinline__ void pass(int* sems) {
+    if (threadIdx.x % 32 == 0 && pending >= 0) {
+      bulk_wait_all();
+      red_release_gpu_add(sems + pending, 1);
+    }
+    pending = -1;
+  }
+};
 
 }  // namespace common
 }  // namespace flashattn

@@ -129,6 +129,18 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// The same load, relaxed: its value is current at GPU scope, but it orders nothing, so it can be
+// issued early and its latency hidden (see common::WarpDqTurn for when that is enough).
+__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// *p += v at GPU scope, after this thread's earlier writes (release); nothing comes back, so the
+// thread does not wait for it.
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 
 // Programmatic dependent launch (sm_90 on; no-ops before, where the launch attribute is not
 // set): a grid lets the next kernel of its stream start launching (its CTAs then run up to

@@ -9,9 +9,10 @@
 //   dQ (partial) = dS K                  (dS^T through shared memory, both operands MN-major)
 // and adds its 64 x 64 fp32 dQ tile into the accumulator: each warp its own 16 rows, with one
 // bulk reduce-add from shared memory, so no barrier of the warpgroup is needed. Deterministic:
-// the CTA waits for its turn (descending key blocks), and each warp counts itself done once its
-// add is complete, at the next step under that step's first wgmmas, so that no step waits for
-// its own add (common::pass_dq_turn_of_warp). The sm90 accumulator is stored in tiles (see
+// each warp waits for its turn alone (descending key blocks; the count read early in the step)
+// and counts itself done once its add is complete, at the next step under that step's first
+// wgmmas, so that no step waits for its own add (common::WarpDqTurn). The sm90 accumulator is
+// stored in tiles (see
 // dq_tile_offset), which its own postprocess reads.
 // Loads: K and V once; Q, dO, LSE*log2(e) and D of each step two steps ahead, in a ring of
 // kStepStages. Where the tensor maps describe the inputs, one thread issues them all by TMA
@@ -150,9 +151,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
-  // Deterministic: the semaphore (index in p.dq_semaphore) of the query block whose add this
-  // warp issued last step, to count on once that add is complete; lane 0 only, -1 for none.
-  int pending_sem = -1;
+  // Deterministic: this warp's turns at the query blocks' semaphores; an int index, as the
+  // semaphores are counted by the workspace's int64 size and below 2^31.
+  common::WarpDqTurn turns;
+  auto sem_of = [&](int head, int m_block) {
+    return (blk.batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
+  };
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
   if (tma) mbar_wait(kv_full, 0);
@@ -193,10 +197,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_commit();
     wgmma_ss_k<T, kBlockM, kHeadDim>(acc_dp, v_addr, kBlockN * 128, do_addr, kBlockM * 128);
     wgmma_commit();
-    if (pending_sem >= 0) {  // while the tensor cores run S^T and dP^T
-      common::pass_dq_turn_of_warp(p.dq_semaphore + pending_sem);
-      pending_sem = -1;
-    }
+    if (p.deterministic) turns.pass(p.dq_semaphore);  // while the tensor cores run S^T, dP^T
+    // Deterministic: the count of this step's semaphore, read while the step computes.
+    const int seen = p.deterministic ? turns.look(p.dq_semaphore + sem_of(head, m_block)) : 0;
     wgmma_wait<1>();
     fence_registers(acc_s);
 
@@ -310,12 +313,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (lane == 0) mbar_arrive(ds_free);
 
     // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
-    // tiles), then one bulk add of them. Deterministic: in its turn (see pending_sem).
+    // tiles), then one bulk add of them. Deterministic: in this warp's turn.
     if (p.deterministic) {
-      // An int: the semaphores are counted by the workspace's int64 size and below 2^31.
-      const int sem = (blk.batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-      common::wait_dq_turn(p.dq_semaphore + sem, blk.dq_turn(p, m_block) * (kThreads / 32));
-      if (lane == 0) pending_sem = sem;
+      const int sem = sem_of(head, m_block);
+      turns.wait(p.dq_semaphore + sem, blk.dq_turn(p, m_block) * (kThreads / 32), seen);
+      turns.issued(sem);
     }
     if (lane == 0) common::bulk_wait_read();  // the last step's add has finished reading warp_dq
     __syncwarp();
@@ -338,7 +340,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_wait<0>();  // dK, before the next step's dS^T takes its operand registers
     fence_registers(acc_dk);
   }
-  if (pending_sem >= 0) common::pass_dq_turn_of_warp(p.dq_semaphore + pending_sem);  // last step's
+  if (p.deterministic) turns.pass(p.dq_semaphore);  // the last step's add
   if (lane == 0) common::bulk_wait_all();  // shared memory stays until the adds have read it
 
   // Epilogue: dK (scaled) and dV through shared memory (the K and V tiles).

@@ -7,8 +7,9 @@
 //   dQ (partial) = dS K for its 128 head-dim columns             (all 64 keys)
 // dK and dV stay in registers; the step's dQ stays there until the top of the next step, where
 // it is staged in the spent Q/dO stage (after the barrier that ends every read of it) and each
-// warp adds its rows with bulk reduce-adds (in key-block order when deterministic). The
-// accumulator takes the 64 x 64 tiles of dq_tile_offset, which the postprocess reads.
+// warp adds its rows with bulk reduce-adds (in its turn when deterministic, common::WarpDqTurn;
+// the count read at the end of the step before). The accumulator takes the 64 x 64 tiles of
+// dq_tile_offset, which the postprocess reads.
 // Loads as in bwd_kernel.cuh: by TMA from one thread where the maps serve (one step ahead; the
 // warpgroups meet once a step, for P^T and dS^T, and each waits at a step's top for the other
 // to finish the last one), else by every thread's cp.async with a CTA barrier at each top.
@@ -134,11 +135,17 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
   // The last step's dQ (acc_dq), and where it goes: staged in that step's Q/dO stage at the
   // top of the next step; each warp adds its 16 rows of each of its two 64-column tiles.
+  // Deterministic: each warp waits for its turn alone and counts itself done once its adds are
+  // complete, later in the step, before the barrier (common::WarpDqTurn).
   int64_t pending_dq = 0;  // float offset of the last step's query block in the accumulator
-  int* pending_sem = nullptr;
-  int pending_turn = 0;
+  int pending_sem = -1;    // deterministic: the index of its semaphore, -1 for none
+  int pending_turn = 0;    // and this CTA's turn there, in warps
+  int pending_seen = 0;    // and the count there, read at the end of that step
+  common::WarpDqTurn turns;
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, pending_turn);
+    if (pending_sem >= 0) {
+      turns.wait(p.dq_semaphore + pending_sem, pending_turn, pending_seen);
+    }
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);  // [tile][64][64]
     stage_dq_rows<kDSplit>(s_dq + 2 * wg * 4096 + (warp * 16 + g) * 64, acc_dq, g, t);
     common::fence_proxy_async();
@@ -149,12 +156,8 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
         const int off = (2 * wg + c) * 4096 + warp * 16 * 64;
         common::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off, 16 * 64 * 4);
       }
-      if (pending_sem != nullptr) {
-        common::bulk_wait_all();
-        __threadfence();
-      }
     }
-    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
+    if (pending_sem >= 0) turns.issued(pending_sem);
   };
 
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
@@ -244,6 +247,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     common::fence_proxy_async();
     // This warp's dQ add has read the other stage before the barrier, so the prefetch after it
     // may refill that stage.
+    if (p.deterministic) turns.pass(p.dq_semaphore);  // waits for the add's completion
     if (step > 0 && lane == 0) common::bulk_wait_read();
     __syncthreads();  // P^T and dS^T complete
     if (step + 1 < steps) issue_step(next_head, next_m_block, 1 - stage);
@@ -284,12 +288,14 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
     const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
     pending_dq = (head_rows + m0) * p.head_dim_padded;
-    pending_sem = !p.deterministic ? nullptr
-                                   : p.dq_semaphore +
-                                         (int64_t(blk.batch) * p.heads_q + head) *
-                                             (p.seqlen_q_rounded / kBlockM) +
-                                         m_block;
-    if (pending_sem != nullptr) pending_turn = blk.dq_turn(p, m_block);
+    // An int: the semaphores are counted by the workspace's int64 size and below 2^31.
+    pending_sem = !p.deterministic
+                      ? -1
+                      : (blk.batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
+    if (pending_sem >= 0) {
+      pending_turn = blk.dq_turn(p, m_block) * (kThreads / 32);
+      pending_seen = common::WarpDqTurn::look(p.dq_semaphore + pending_sem);
+    }
     if (kLoop != common::BwdLoop::kPlain && with_dsinks &&
         (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
@@ -300,6 +306,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   if (steps > 0) {
     __syncthreads();  // every warp is done reading the last stage
     flush_dq((steps - 1) % 2);
+    if (p.deterministic) turns.pass(p.dq_semaphore);
     if (lane == 0) common::bulk_wait_all();  // shared memory must outlive the adds' reads
   }
 
