@@ -17,7 +17,8 @@ namespace {
 
 constexpr fc::TileOrder kOrders[] = {fc::TileOrder::kHeadMajor,
                                      fc::TileOrder::kHeadMajorReversed,
-                                     fc::TileOrder::kLongestFirst};
+                                     fc::TileOrder::kLongestFirst,
+                                     fc::TileOrder::kInterleavedReversed};
 
 // The key blocks of each query block under a causal mask, for tiles of block_m x block_n.
 struct CausalBlocks {
@@ -67,6 +68,41 @@ TEST_CASE("every order deals every tile to exactly one CTA") {
             CHECK(dealt == s.num_tiles());
             CHECK(static_cast<int64_t>(seen.size()) == s.num_tiles());
           }
+}
+
+TEST_CASE("interleaved groups: every tile once, each pair's blocks last first, groups in turn") {
+  // The deterministic backward's launch order (common::key_blocks): a CTA may wait only for a
+  // block of its own (batch, head) pair that was launched before it, a later key block.
+  for (int group_heads = 1; group_heads <= 5; ++group_heads)
+    for (int n_blocks = 1; n_blocks <= 6; ++n_blocks)
+      for (int heads = 1; heads <= 4; ++heads)
+        for (int batch = 1; batch <= 3; ++batch) {
+          const fc::TileScheduler s{n_blocks, heads, batch, fc::TileOrder::kInterleavedReversed,
+                                    group_heads};
+          std::set<std::tuple<int, int, int>> seen;
+          std::vector<int> last_block(static_cast<size_t>(heads * batch), n_blocks);
+          for (int tile = 0; tile < s.num_tiles(); ++tile) {
+            const fc::TileCoord c = s.at(tile);
+            REQUIRE(c.m_block >= 0);
+            REQUIRE(c.head >= 0);
+            REQUIRE(c.head < heads);
+            REQUIRE(c.batch >= 0);
+            REQUIRE(c.batch < batch);
+            seen.insert({c.m_block, c.head, c.batch});
+            const int pair = c.batch * heads + c.head;
+            CHECK(pair / group_heads == tile / (group_heads * n_blocks));  // its own group
+            CHECK(c.m_block == last_block[static_cast<size_t>(pair)] - 1);  // last first, no gap
+            last_block[static_cast<size_t>(pair)] = c.m_block;
+          }
+          CHECK(static_cast<int64_t>(seen.size()) == s.num_tiles());
+        }
+  // 3 pairs in groups of 2, 2 blocks: (block 1 of pairs 0, 1), (block 0 of 0, 1), then pair 2.
+  const fc::TileScheduler s{2, 3, 1, fc::TileOrder::kInterleavedReversed, 2};
+  const int want[][2] = {{1, 0}, {1, 1}, {0, 0}, {0, 1}, {1, 2}, {0, 2}};
+  for (int tile = 0; tile < 6; ++tile) {
+    CHECK(s.at(tile).m_block == want[tile][0]);
+    CHECK(s.at(tile).head == want[tile][1]);
+  }
 }
 
 TEST_CASE("the busiest CTA's blocks, counted as the rounds deal them") {

@@ -19,12 +19,25 @@ namespace flashattn {
 namespace common {
 
 // The backward's main kernels run one CTA per (key block, kv head, batch), in a 1-D grid. In
-// deterministic mode a head's last key block is launched first: the dQ turns go in descending
-// key-block order (BwdBlock::dq_turn), and a CTA may only wait for CTAs launched before it.
+// deterministic mode each head's last key block is launched first: the dQ turns go in
+// descending key-block order (BwdBlock::dq_turn), and a CTA may only wait for CTAs launched
+// before it. Without a right bound to the window (no causal mask), a head's key blocks all start
+// at the same query block and must go one turn apart; launched head after head, the blocks of a
+// wave would start together and fall into line at every wave. So their heads are interleaved
+// in groups of about a wave (one CTA per SM): the CTAs freed as a group's blocks finish take the
+// next group's blocks in the order in which these need to start. Under a causal mask the blocks
+// start at their diagonals, in line already, and head after head keeps each wave's blocks of
+// mixed lengths, which ends the grid evener (kernel log, run 109).
 template <int kBlockN>
-__host__ __device__ inline TileScheduler key_blocks(const cuda::BwdParams& p) {
-  return TileScheduler{(p.seqlen_k + kBlockN - 1) / kBlockN, p.heads_kv, p.batch,
-                       p.deterministic ? TileOrder::kHeadMajorReversed : TileOrder::kHeadMajor};
+__device__ inline TileScheduler key_blocks(const cuda::BwdParams& p) {
+  const int n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  if (!p.deterministic) return TileScheduler{n_blocks, p.heads_kv, p.batch, TileOrder::kHeadMajor};
+  if (p.window_right >= 0) {
+    return TileScheduler{n_blocks, p.heads_kv, p.batch, TileOrder::kHeadMajorReversed};
+  }
+  const int wave_heads = (sm_id_count() + n_blocks - 1) / n_blocks;
+  return TileScheduler{n_blocks, p.heads_kv, p.batch, TileOrder::kInterleavedReversed,
+                       wave_heads};
 }
 
 // Launches a main kernel over key_blocks of p; the kernel takes `args` (p itself, or a struct

@@ -122,6 +122,13 @@ __device__ __forceinline__ void bulk_wait_all() {
 #endif
 }
 
+// An upper bound on the SMs of the device (%nsmid: SM identifiers may have gaps).
+__device__ __forceinline__ int sm_id_count() {
+  int n;
+  asm("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+  return n;
+}
+
 // A load of an int in global memory that other CTAs write, ordered before this thread's later
 // accesses (acquire, GPU scope): for polling a semaphore.
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {

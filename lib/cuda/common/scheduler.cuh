@@ -25,11 +25,17 @@ enum class TileOrder : int {
   // Every head's last query block, then every head's second-to-last, ...: the longest tiles
   // first over the whole grid, so that a persistent grid ends balanced under a causal mask.
   kLongestFirst,
+  // Groups of group_heads (batch, head) pairs; in each, every pair's last block, then every
+  // pair's second-to-last, ...: each pair's blocks still start last first, and a grid of one
+  // wave per group runs a pair's blocks side by side in time without launching them together
+  // (the deterministic backward's key blocks: common::key_blocks).
+  kInterleavedReversed,
 };
 
 struct TileScheduler {
   int num_m_blocks = 0, heads = 0, batch = 0;
   TileOrder order = TileOrder::kHeadMajor;
+  int group_heads = 1;  // kInterleavedReversed: (batch, head) pairs per group
 
   __host__ __device__ int64_t num_tiles() const {
     return int64_t(num_m_blocks) * heads * batch;
@@ -49,6 +55,15 @@ struct TileScheduler {
       const int heads_total = heads * batch;
       m = num_m_blocks - 1 - tile / heads_total;
       bh = tile % heads_total;
+    } else if (order == TileOrder::kInterleavedReversed) {
+      const int group_tiles = group_heads * num_m_blocks;
+      const int group = tile / group_tiles;
+      const int first = group * group_heads;  // the group's first pair
+      const int left = heads * batch - first;
+      const int in_group = left < group_heads ? left : group_heads;  // the last may be short
+      const int r = tile - group * group_tiles;
+      m = num_m_blocks - 1 - r / in_group;
+      bh = first + r % in_group;
     } else {
       m = tile % num_m_blocks;
       bh = tile / num_m_blocks;
