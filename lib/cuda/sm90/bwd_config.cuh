@@ -21,6 +21,11 @@ struct BwdConfig {
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
   static constexpr int kBlockN = 64 * kWarpGroups;          // keys per CTA: 64 per warpgroup
   static constexpr bool kDqByRows = kBlockM == 128;          // how the warpgroups split dQ
+  // Deterministic mode: where a warp counts its last step's dQ add done (common::WarpDqTurn):
+  // under the next step's dV wgmmas, mid-step, or at its top under S^T and dP^T. Mid-step gives
+  // the add longer to complete, but a warp still waiting there holds the CTA barrier after it.
+  // Measured (kernel log, run 110): mid-step d128 +2-5 %, d64 -2-4 %; why they differ is open.
+  static constexpr bool kDqTurnPassMidStep = kHeadDim == 128;
   using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
   using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
   using TileDS = common::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]

@@ -10,10 +10,10 @@
 // and adds its 64 x 64 fp32 dQ tile into the accumulator: each warp its own 16 rows, with one
 // bulk reduce-add from shared memory, so no barrier of the warpgroup is needed. Deterministic:
 // each warp waits for its turn alone (descending key blocks; the count read early in the step)
-// and counts itself done once its add is complete, at the next step under that step's first
-// wgmmas, so that no step waits for its own add (common::WarpDqTurn). The sm90 accumulator is
-// stored in tiles (see
-// dq_tile_offset), which its own postprocess reads.
+// and counts itself done once its add is complete, in the next step under its first wgmmas or
+// its dV wgmmas (BwdConfig::kDqTurnPassMidStep), so that no step waits for its own add
+// (common::WarpDqTurn). The sm90 accumulator is stored in tiles (see dq_tile_offset), which its
+// own postprocess reads.
 // Loads: K and V once; Q, dO, LSE*log2(e) and D of each step two steps ahead, in a ring of
 // kStepStages. Where the tensor maps describe the inputs, one thread issues them all by TMA
 // and bulk copy, completing on the stage's mbarrier, and the warpgroups meet once a step (dS^T
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_commit();
     wgmma_ss_k<T, kBlockM, kHeadDim>(acc_dp, v_addr, kBlockN * 128, do_addr, kBlockM * 128);
     wgmma_commit();
-    if (p.deterministic) turns.pass(p.dq_semaphore);  // while the tensor cores run S^T, dP^T
+    if (!Cfg::kDqTurnPassMidStep && p.deterministic) turns.pass(p.dq_semaphore);  // under S^T's
     // Deterministic: the count of this step's semaphore, read while the step computes.
     const int seen = p.deterministic ? turns.look(p.dq_semaphore + sem_of(head, m_block)) : 0;
     wgmma_wait<1>();
@@ -281,6 +281,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
                             smem_desc(do_addr + kk * 2048, kBlockM * 128, 1024), 1);
     }
     wgmma_commit();
+    if (Cfg::kDqTurnPassMidStep && p.deterministic) turns.pass(p.dq_semaphore);  // under dV's
     // Both warpgroups' dS^T rows are in place; both are done with the last step, so its stage
     // takes the loads of the step kStages - 1 ahead.
     __syncthreads();
