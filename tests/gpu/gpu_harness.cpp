@@ -188,6 +188,13 @@ HostTensor output_like(const Case& c, int64_t seqlen, int64_t heads) {
   }
 }
 
+void poisoned_gradients(const Case& c, HostTensor grads[3]) {
+  grads[0] = output_like(c, c.nq, c.hq);
+  grads[1] = output_like(c, c.nk, c.hkv);
+  grads[2] = output_like(c, c.nk, c.hkv);
+  for (int i = 0; i < 3; ++i) grads[i].poison();
+}
+
 Inputs make_inputs(const Case& c, uint64_t seed) {
   Inputs in;
   switch (c.layout) {

@@ -136,6 +136,8 @@ struct Inputs {
 Inputs make_inputs(const Case& c, uint64_t seed);
 // An output laid out like the inputs of this case (padded cases get padded outputs).
 HostTensor output_like(const Case& c, int64_t seqlen, int64_t heads);
+// dq, dk and dv laid out like q, k and v (output_like), every element poisoned.
+void poisoned_gradients(const Case& c, HostTensor grads[3]);
 
 // The whole forward check of one case: standard against the emulation and float64, flash (if
 // available) against float64 by the tolerance rule with the standard as base; outputs poisoned.

@@ -133,10 +133,7 @@ TEST_CASE("backward: deterministic = 1 gives bit-identical dq, dk, dv run after 
         HostTensor runs[3][3];
         for (int r = 0; r < 3; ++r) {
           HostTensor* run = runs[r];
-          run[0] = gpu_test::output_like(c, c.nq, c.hq);
-          run[1] = gpu_test::output_like(c, c.nk, c.hkv);
-          run[2] = gpu_test::output_like(c, c.nk, c.hkv);
-          for (int i = 0; i < 3; ++i) run[i].poison();
+          gpu_test::poisoned_gradients(c, run);
           const flashattn_tensor_t dqd = dev.upload(run[0]), dkd = dev.upload(run[1]),
                                    dvd = dev.upload(run[2]);
           const flashattn_options_t o =

@@ -85,10 +85,7 @@ bool backward(const Case& c, flashattn_algorithm_t alg, const gpu_test::Inputs& 
   DeviceSet dev;
   const flashattn_tensor_t q = dev.upload(in.q), k = dev.upload(in.k), v = dev.upload(in.v);
   const flashattn_tensor_t o = dev.upload(out), l = dev.upload(lse), g = dev.upload(dout);
-  grads[0] = gpu_test::output_like(c, c.nq, c.hq);
-  grads[1] = gpu_test::output_like(c, c.nk, c.hkv);
-  grads[2] = gpu_test::output_like(c, c.nk, c.hkv);
-  for (int i = 0; i < 3; ++i) grads[i].poison();
+  gpu_test::poisoned_gradients(c, grads);
   const flashattn_tensor_t dq = dev.upload(grads[0]), dk = dev.upload(grads[1]),
                            dv = dev.upload(grads[2]);
   const flashattn_options_t opts = gpu_test::options_for(c, alg);
