@@ -99,6 +99,11 @@ struct BwdBlock {
     mask(p).n_block_range(m_block * kBlockM, kBlockM, kBlockN, begin, end);
     return end - 1 - n_block;
   }
+  // Deterministic dQ: the semaphore of query block m_block of `head`, an index into
+  // p.dq_semaphore. An int: 2^31 semaphores would stand for a 32 TB fp32 dQ accumulator.
+  __device__ int dq_semaphore_index(const cuda::BwdParams& p, int head, int m_block) const {
+    return (batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
+  }
   // The step after (head, m_block).
   __device__ void next(int& head, int& m_block) const {
     if (++m_block == m_end) {

@@ -327,12 +327,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           }
         }
       }
-      // Deterministic: add in key-block order, after every lower key block of this query block.
-      int* sem = !p.deterministic ? nullptr
-                                  : p.dq_semaphore +
-                                        (int64_t(blk.batch) * p.heads_q + head) *
-                                            (p.seqlen_q_rounded / kBlockM) +
-                                        m_block;
+      // Deterministic: add in this key block's turn (BwdBlock::dq_turn).
+      int* sem = p.deterministic ? p.dq_semaphore + blk.dq_semaphore_index(p, head, m_block)
+                                 : nullptr;
       if constexpr (kBulkDq) {
         pending_dq = stat_base * p.head_dim_padded;
         pending_sem = sem;

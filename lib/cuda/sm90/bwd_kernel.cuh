@@ -151,12 +151,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
-  // Deterministic: this warp's turns at the query blocks' semaphores; an int index, as the
-  // semaphores are counted by the workspace's int64 size and below 2^31.
-  common::WarpDqTurn turns;
-  auto sem_of = [&](int head, int m_block) {
-    return (blk.batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
-  };
+  common::WarpDqTurn turns;  // deterministic: this warp's turns at the query blocks' semaphores
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
   if (tma) mbar_wait(kv_full, 0);
@@ -199,7 +194,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_commit();
     if (!Cfg::kDqTurnPassMidStep && p.deterministic) turns.pass(p.dq_semaphore);  // under S^T's
     // Deterministic: the count of this step's semaphore, read while the step computes.
-    const int seen = p.deterministic ? turns.look(p.dq_semaphore + sem_of(head, m_block)) : 0;
+    const int seen =
+        p.deterministic ? turns.look(p.dq_semaphore + blk.dq_semaphore_index(p, head, m_block))
+                        : 0;
     wgmma_wait<1>();
     fence_registers(acc_s);
 
@@ -316,7 +313,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // The warp's 16 rows of the dQ tile to shared memory (the layout of the accumulator's
     // tiles), then one bulk add of them. Deterministic: in this warp's turn.
     if (p.deterministic) {
-      const int sem = sem_of(head, m_block);
+      const int sem = blk.dq_semaphore_index(p, head, m_block);
       turns.wait(p.dq_semaphore + sem, blk.dq_turn(p, m_block) * (kThreads / 32), seen);
       turns.issued(sem);
     }

@@ -288,10 +288,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
     const int64_t head_rows = (int64_t(blk.batch) * p.heads_q + head) * p.seqlen_q_rounded;
     pending_dq = (head_rows + m0) * p.head_dim_padded;
-    // An int: the semaphores are counted by the workspace's int64 size and below 2^31.
-    pending_sem = !p.deterministic
-                      ? -1
-                      : (blk.batch * p.heads_q + head) * (p.seqlen_q_rounded / kBlockM) + m_block;
+    pending_sem = p.deterministic ? blk.dq_semaphore_index(p, head, m_block) : -1;
     if (pending_sem >= 0) {
       pending_turn = blk.dq_turn(p, m_block) * (kThreads / 32);
       pending_seen = common::WarpDqTurn::look(p.dq_semaphore + pending_sem);
