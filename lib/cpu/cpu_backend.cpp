@@ -2,10 +2,19 @@
 // kernels_impl.hpp, compiled per instruction set and picked once when the backend is created.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/backend.hpp"
 #include "core/error.hpp"
@@ -29,6 +38,7 @@ int isa_rank(const char* name) {
   if (std::strcmp(name, "avx2") == 0) return 1;
   if (std::strcmp(name, "avx512") == 0) return 2;
   if (std::strcmp(name, "avx512bf16") == 0) return 3;
+  if (std::strcmp(name, "amx") == 0) return 4;
   return 99;  // unknown: no limit
 }
 
@@ -45,8 +55,42 @@ bool bf16_pairs_at_fma_rate() {
 #endif
 }
 
+// Whether this CPU has AMX-BF16 tiles and the OS lets this process use them: CPUID says the CPU
+// has them, XCR0 that the OS saves their state, and Linux grants the process the tile data on
+// request (arch_prctl ARCH_REQ_XCOMP_PERM: once per process, kept by its forks). The amx copy
+// also runs AVX-512 BF16 (the ranged products' remainders). A build with
+// FLASHATTN_CPU_AMX_EMULATED emulates the tiles, so there AVX-512 BF16 is enough.
+bool amx_granted() {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) return false;
+#if defined(FLASHATTN_CPU_AMX_EMULATED)
+  return true;
+#elif defined(__linux__)
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;  // CPUID.(7, 0):EDX
+  constexpr unsigned kOsXsave = 1u << 27;                        // CPUID.1:ECX
+  constexpr uint64_t kXcr0TileState = (1u << 17) | (1u << 18);   // XTILECFG, XTILEDATA
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtileData = 18;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || (c & kOsXsave) == 0) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & kAmxBf16) == 0 || (d & kAmxTile) == 0) {
+    return false;
+  }
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const uint64_t xcr0 = (static_cast<uint64_t>(hi) << 32) | lo;
+  if ((xcr0 & kXcr0TileState) != kXcr0TileState) return false;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+#else
+  return false;
+#endif
+#else
+  return false;
+#endif
+}
+
 // The best instruction set this CPU (and OS) supports, lowered by FLASHATTN_CPU_ISA
-// ("generic", "avx2", "avx512" or "avx512bf16") when set, so every copy can be tested on one
+// ("generic", "avx2", "avx512", "avx512bf16" or "amx") when set, so every copy can be tested on one
 // machine.
 const KernelSet& select_kernels() {
   int best = 0;
@@ -58,11 +102,13 @@ const KernelSet& select_kernels() {
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
       best = 2;
       if (bf16_pairs_at_fma_rate()) best = 3;
+      if (amx_granted()) best = 4;
     }
   }
 #endif
   if (const char* limit = std::getenv("FLASHATTN_CPU_ISA")) best = std::min(best, isa_rank(limit));
 #if defined(__x86_64__)
+  if (best == 4) return cpu::kernels_amx();
   if (best == 3) return cpu::kernels_avx512bf16();
   if (best == 2) return cpu::kernels_avx512();
   if (best == 1) return cpu::kernels_avx2();

@@ -24,6 +24,8 @@ const KernelSet& kernels_avx2();    // AVX2 + FMA
 const KernelSet& kernels_avx512();  // AVX-512 F/VL/BW/DQ + FMA
 // AVX-512 + BF16: bf16 GEMMs on pairs, where vdpbf16ps issues at the FMA's rate
 const KernelSet& kernels_avx512bf16();
+// AVX-512 BF16 + AMX-BF16: bf16 GEMMs on AMX tiles (the caller has been granted the tile data)
+const KernelSet& kernels_amx();
 #endif
 
 }  // namespace cpu

@@ -4,6 +4,8 @@
 // itself but its part merge_impl.hpp, and keeps all it defines in an anonymous namespace).
 //
 //   FA_BF16_PAIRS  1 when bf16 operands are multiplied as pairs (vdpbf16ps; see "bf16 pairs")
+//   FA_AMX         1 when those pairs are multiplied on AMX tiles (with FA_BF16_PAIRS; the
+//                  forward's P V then runs on pairs too)
 //   FA_ISA_NS   namespace of this copy          FA_W      floats per vector register
 //   FA_ISA_NAME name reported for this copy     FA_RMAX   rows of the GEMM register block
 //   FA_FMA      1 when the ISA has a fused      FA_NVMAX  vectors of columns of that block
@@ -72,6 +74,25 @@ inline vf vfma(vf a, vf b, vf c) {
 // 2^x to about 1 ulp: 2^round(x) from the exponent bits times a degree-7 polynomial of the
 // rest in [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
 // produced; NaN stays NaN.
+#if FA_W == 16
+// AVX-512: the same values in fewer instructions (a rounding instruction for 2^round(x), a
+// scaling one for the product, a mask for the zeros), bit for bit.
+inline vf exp2v(vf v) {
+  const __m512 x = _mm512_min_ps(_mm512_set1_ps(127.0f), (__m512)v);  // NaN stays (2nd operand)
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf f = (vf)_mm512_sub_ps(x, n);
+  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
+  p = vfma(p, f, splat(1.5403530393381608e-4f));
+  p = vfma(p, f, splat(1.3333558146428443e-3f));
+  p = vfma(p, f, splat(9.6181291076284772e-3f));
+  p = vfma(p, f, splat(5.5504108664821580e-2f));
+  p = vfma(p, f, splat(2.4022650695910071e-1f));
+  p = vfma(p, f, splat(6.9314718055994531e-1f));
+  p = vfma(p, f, splat(1.0f));
+  return (vf)_mm512_maskz_scalef_ps(kept, (__m512)p, n);
+}
+#else
 inline vf exp2v(vf x) {
   x = select(x < splat(-125.0f), splat(-127.0f), x);  // 2^-127 is encoded as 0.0 below
   x = select(x > splat(127.0f), splat(127.0f), x);
@@ -90,6 +111,7 @@ inline vf exp2v(vf x) {
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return p * scale;
 }
+#endif
 
 inline vf vabs(vf x) { return (vf)((vu)x & 0x7fffffffu); }
 
@@ -244,6 +266,132 @@ void gemm_ranges(int64_t M, int64_t N, const Ranges& ranges, const float* A, int
 #if FA_BF16_PAIRS
 constexpr bool kBf16Pairs = true;
 
+#if FA_AMX
+// ---- AMX tiles ------------------------------------------------------------------------------
+// The amx copy multiplies the pairs on tiles (amx_tiles.hpp): C in blocks of 32 x 32, tiles 0
+// and 1 its first 16 rows, 2 and 3 the next; A's rows in tiles 4 and 5 (16 rows x 16 pairs
+// each), B's columns in 6 and 7 (16 pairs x 16 columns). A block short of rows (M) or of depth
+// (KP) loads its operands from zero-padded copies and stores C through one, so that a tile
+// never reads past an operand or writes past C's rows, and the padding multiplies zeros only.
+// tdpbf16ps sums an element's products in one order whichever operand is A, so S = Q K^T and
+// S^T = K Q^T agree bit for bit, as the forward and the backward need.
+using amx::kTileCols;
+using amx::kTileRows;
+static_assert(W == kTileCols, "a tile row is one vector");
+
+struct alignas(64) TilePad {
+  uint32_t v[kTileRows * kTileCols];
+};
+
+// rows x cols 32-bit elements of src (leading dimension ld) at the top left of pad, zeros
+// elsewhere.
+inline const uint32_t* padded(TilePad& pad, const uint32_t* src, int64_t ld, int rows, int cols) {
+  std::memset(pad.v, 0, sizeof pad.v);
+  for (int r = 0; r < rows; ++r) std::memcpy(pad.v + r * kTileCols, src + r * ld, cols * 4u);
+  return pad.v;
+}
+
+// The whole depth in one pass per block of C. C = mul * A B, or with accumulate C += A B.
+void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam,
+                const uint32_t* B, int64_t ldb, float* C, int64_t ldc, float mul,
+                bool accumulate = false) {
+  amx::ready();
+  TilePad pad_a0, pad_a1, pad_b0, pad_b1;
+  alignas(64) float pad_c[kTileRows * kTileCols];
+  const long stride_a = static_cast<long>(sam * 4), stride_b = static_cast<long>(ldb * 4);
+  const long stride_c = static_cast<long>(ldc * 4), stride_pad = amx::kTileRowBytes;
+  const bool scaled = !accumulate && mul != 1.0f;
+  const vf m = splat(mul);
+  for (int64_t n0 = 0; n0 < N; n0 += 2 * kTileCols) {
+    const bool two_n = N - n0 > kTileCols;
+    for (int64_t m0 = 0; m0 < M; m0 += 2 * kTileRows) {
+      const int rows0 = static_cast<int>(std::min<int64_t>(kTileRows, M - m0));
+      const int rows1 = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kTileRows, M - m0 - kTileRows)));
+      const bool two_m = rows1 > 0;
+      float* c0 = C + m0 * ldc + n0;
+      float* c1 = c0 + kTileRows * ldc;
+      // C's tile at c with `rows` rows: loaded (accumulate), else zeroed.
+#define FA_C_IN(t, c, rows)                                                                \
+  do {                                                                                     \
+    if (!accumulate) {                                                                     \
+      FA_TILE_ZERO(t);                                                                     \
+    } else if ((rows) == kTileRows) {                                                      \
+      FA_TILE_LOAD(t, c, stride_c);                                                        \
+    } else {                                                                               \
+      FA_TILE_LOAD(t, padded(pad_a0, reinterpret_cast<const uint32_t*>(c), ldc, rows,      \
+                             kTileCols), stride_pad);                                      \
+    }                                                                                      \
+  } while (0)
+      FA_C_IN(0, c0, rows0);
+      if (two_n) FA_C_IN(1, c0 + kTileCols, rows0);
+      if (two_m) {
+        FA_C_IN(2, c1, rows1);
+        if (two_n) FA_C_IN(3, c1 + kTileCols, rows1);
+      }
+#undef FA_C_IN
+      for (int64_t k0 = 0; k0 < KP; k0 += kTileCols) {
+        const int kp = static_cast<int>(std::min<int64_t>(kTileCols, KP - k0));
+        const uint32_t* a0 = A + m0 * sam + k0;
+        const uint32_t* a1 = a0 + kTileRows * sam;
+        const uint32_t* b0 = B + k0 * ldb + n0;
+        const uint32_t* b1 = b0 + kTileCols;
+        if (rows0 == kTileRows && kp == kTileCols) {
+          FA_TILE_LOAD(4, a0, stride_a);
+        } else {
+          FA_TILE_LOAD(4, padded(pad_a0, a0, sam, rows0, kp), stride_pad);
+        }
+        if (two_m) {
+          if (rows1 == kTileRows && kp == kTileCols) {
+            FA_TILE_LOAD(5, a1, stride_a);
+          } else {
+            FA_TILE_LOAD(5, padded(pad_a1, a1, sam, rows1, kp), stride_pad);
+          }
+        }
+        if (kp == kTileCols) {
+          FA_TILE_LOAD(6, b0, stride_b);
+          if (two_n) FA_TILE_LOAD(7, b1, stride_b);
+        } else {
+          FA_TILE_LOAD(6, padded(pad_b0, b0, ldb, kp, kTileCols), stride_pad);
+          if (two_n) FA_TILE_LOAD(7, padded(pad_b1, b1, ldb, kp, kTileCols), stride_pad);
+        }
+        FA_TILE_DPBF16PS(0, 4, 6);
+        if (two_n) FA_TILE_DPBF16PS(1, 4, 7);
+        if (two_m) {
+          FA_TILE_DPBF16PS(2, 5, 6);
+          if (two_n) FA_TILE_DPBF16PS(3, 5, 7);
+        }
+      }
+      // C's tile to c: straight where it is whole (scaled below), else its first `rows` rows
+      // through pad_c, times mul where scaled.
+#define FA_C_OUT(t, c, rows)                                                               \
+  do {                                                                                     \
+    if ((rows) == kTileRows) {                                                             \
+      FA_TILE_STORE(t, c, stride_c);                                                       \
+    } else {                                                                               \
+      FA_TILE_STORE(t, pad_c, stride_pad);                                                 \
+      for (int r = 0; r < (rows); ++r) {                                                   \
+        const vf x = vload(pad_c + r * kTileCols);                                         \
+        vstore((c) + r * ldc, scaled ? x * m : x);                                         \
+      }                                                                                    \
+    }                                                                                      \
+  } while (0)
+      FA_C_OUT(0, c0, rows0);
+      if (two_n) FA_C_OUT(1, c0 + kTileCols, rows0);
+      if (two_m) {
+        FA_C_OUT(2, c1, rows1);
+        if (two_n) FA_C_OUT(3, c1 + kTileCols, rows1);
+      }
+#undef FA_C_OUT
+    }
+  }
+  // The whole tiles' rows times mul, once every tile is stored: a vector load right behind a
+  // tile's store would wait for it.
+  if (scaled) {
+    for (int64_t r = 0; r < M / kTileRows * kTileRows; ++r)
+      for (int64_t n = 0; n < N; n += W) vstore(C + r * ldc + n, vload(C + r * ldc + n) * m);
+  }
+}
+#else
 using PairFn = void (*)(int, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t,
                         float, bool);
 
@@ -298,6 +446,8 @@ void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam
   }
 }
 
+#endif  // FA_AMX
+
 // One row of C += A B over pairs [p0, p1), the depth elements outside [lo, hi) masked out of
 // both operands (their halves of a pair zeroed), so that a masked value, NaN or infinite,
 // never meets a product, and a masked 0 adds exactly what the unranged sum adds for it.
@@ -316,6 +466,95 @@ void row_pairs_masked(int64_t N, int64_t p0, int64_t p1, int64_t lo, int64_t hi,
   }
 }
 
+#if FA_AMX
+// Depth pairs a ranged product spans at most: a tile's keys or queries.
+constexpr int kMaxRangePairs = (Ranges::kRows + 1) / 2;
+
+// Whether either half of a pair is an infinity or a NaN (all its exponent bits set).
+inline bool pair_nonfinite(uint32_t x) {
+  return (x & 0x7f80u) == 0x7f80u || (x & 0x7f800000u) == 0x7f800000u;
+}
+
+// C += A B with row m over the depth elements [lo[m], hi[m]) only, on tiles: every row runs
+// over the pairs all rows together span, its own range's complement zeroed in a copy of A (by
+// halves), so a masked value of A never reaches C, and a masked one of B meets only zeros,
+// which adds exactly 0 where it is finite. Where B holds an infinity or NaN in that span (a
+// poisoned input), it is zeroed in a copy of B too, and each row whose range holds one is
+// computed again alone, from the original operands (its sum is not finite either way): no
+// row's result depends on a value it does not see, bit for bit.
+void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_t* A, int64_t sam,
+                       const uint32_t* B, int64_t ldb, float* C, int64_t ldc) {
+  const int64_t* lo = ranges.lo;
+  const int64_t* hi = ranges.hi;
+  int64_t d_lo = std::numeric_limits<int64_t>::max(), d_hi = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    if (lo[m] < hi[m]) {
+      d_lo = std::min(d_lo, lo[m]);
+      d_hi = std::max(d_hi, hi[m]);
+    }
+  }
+  if (d_lo >= d_hi) return;
+  const int64_t p_lo = d_lo / 2, p_hi = (d_hi + 1) / 2, kp = p_hi - p_lo;
+  const uint32_t* b = B + p_lo * ldb;
+  bool whole = d_lo % 2 == 0 && d_hi % 2 == 0;
+  for (int64_t m = 0; m < M && whole; ++m) whole = lo[m] == d_lo && hi[m] == d_hi;
+  if (whole) {  // every row sees the same pairs: nothing to mask
+    gemm_pairs(M, N, kp, A + p_lo, sam, b, ldb, C, ldc, 1.0f, true);
+    return;
+  }
+  alignas(64) uint32_t a_seen[Ranges::kRows * kMaxRangePairs];
+  for (int64_t m = 0; m < M; ++m) {
+    const uint32_t* a = A + m * sam + p_lo;
+    uint32_t* dst = a_seen + m * kp;
+    for (int64_t p = 0; p < kp; ++p) {
+      const int64_t k = 2 * (p_lo + p);
+      const uint32_t keep = (k >= lo[m] && k < hi[m] ? 0x0000ffffu : 0u) |
+                            (k + 1 >= lo[m] && k + 1 < hi[m] ? 0xffff0000u : 0u);
+      dst[p] = a[p] & keep;
+    }
+  }
+  bool finite = true;
+  for (int64_t p = 0; p < kp && finite; ++p) {
+    for (int64_t n = 0; n < N; ++n) finite = finite && !pair_nonfinite(b[p * ldb + n]);
+  }
+  if (finite) {
+    gemm_pairs(M, N, kp, a_seen, kp, b, ldb, C, ldc, 1.0f, true);
+    return;
+  }
+  // A poisoned B: its non-finite halves zeroed, and the rows that see one done again alone.
+  std::vector<uint32_t> b_clean(static_cast<size_t>(kp * N));
+  bool poisoned_depth[2 * kMaxRangePairs] = {};
+  for (int64_t p = 0; p < kp; ++p)
+    for (int64_t n = 0; n < N; ++n) {
+      uint32_t x = b[p * ldb + n];
+      if ((x & 0x7f80u) == 0x7f80u) {
+        x &= 0xffff0000u;
+        poisoned_depth[2 * p] = true;
+      }
+      if ((x & 0x7f800000u) == 0x7f800000u) {
+        x &= 0x0000ffffu;
+        poisoned_depth[2 * p + 1] = true;
+      }
+      b_clean[p * N + n] = x;
+    }
+  std::vector<char> redo(static_cast<size_t>(M), 0);
+  std::vector<float> saved;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = std::max(lo[m], 2 * p_lo); k < hi[m] && !redo[m]; ++k) {
+      redo[m] = poisoned_depth[k - 2 * p_lo];
+    }
+    if (redo[m]) saved.insert(saved.end(), C + m * ldc, C + m * ldc + N);
+  }
+  gemm_pairs(M, N, kp, a_seen, kp, b_clean.data(), N, C, ldc, 1.0f, true);
+  const float* row = saved.data();
+  for (int64_t m = 0; m < M; ++m) {
+    if (!redo[m]) continue;
+    std::copy(row, row + N, C + m * ldc);
+    row += N;
+    row_pairs_masked(N, lo[m] / 2, (hi[m] + 1) / 2, lo[m], hi[m], A + m * sam, B, ldb, C + m * ldc);
+  }
+}
+#else
 // C += A B as gemm_ranges does it in fp32, on pairs: row m takes only the depth elements
 // [lo[m], hi[m]). The pairs every row takes whole run as one gemm_pairs; each row's pairs
 // before and after them (a half of a boundary pair masked) run alone, in ascending order, so a
@@ -341,6 +580,7 @@ void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_
              true);
   for (int64_t m = 0; m < M; ++m) row_part(m, shared_hi, (hi[m] + 1) / 2);
 }
+#endif  // FA_AMX
 #else
 constexpr bool kBf16Pairs = false;
 void gemm_pairs_ranges(int64_t, int64_t, const Ranges&, const uint32_t*, int64_t, const uint32_t*,
@@ -481,10 +721,15 @@ inline uint32_t pair_at(const uint16_t* x, int k, int d) {
   const uint32_t lo = k < d ? x[k] : 0u, hi = k + 1 < d ? x[k + 1] : 0u;
   return lo | (hi << 16);
 }
-// A row as dp / 2 pairs (dp even, at least d): dst[p] = (x[2p], x[2p + 1]).
+// A row as dp / 2 pairs (dp even, at least d): dst[p] = (x[2p], x[2p + 1]), zeros past d. The
+// pairs of a row, in its order, are its 16-bit elements as they lie in memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a pair's first element is its low half");
 inline void pack_row_pairs(uint32_t* dst, const uint16_t* src, int d, int dp) {
-  for (int k = 0; k < dp; k += 2) dst[k / 2] = pair_at(src, k, d);
+  std::memcpy(dst, src, static_cast<size_t>(d) * sizeof(uint16_t));
+  std::memset(reinterpret_cast<char*>(dst) + d * sizeof(uint16_t), 0,
+              static_cast<size_t>(dp - d) * sizeof(uint16_t));
 }
+#if !FA_BF16_PAIRS  // (the copies with pairs have a vector one, below)
 // Rows [n0, n0 + count) of (b, h) as the pairs of a transposed tile: dst[p * ld + j] = the pair
 // (x[n0 + j][2p], x[n0 + j][2p + 1]) for 2p < d; columns [count, count_pad) zeroed.
 inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, int64_t b,
@@ -496,6 +741,7 @@ inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, i
   for (int k = 0; k < d; k += 2)
     for (int j = count; j < count_pad; ++j) dst[(k / 2) * ld + j] = 0u;
 }
+#endif
 
 // Pairs of an fp32 tile src[r * ld + c] (r < rows, c < cols), rounded to bf16 (exact for values
 // that came from bf16); an odd count's last pair holds a zero.
@@ -503,6 +749,147 @@ inline uint32_t round_pair(float lo, float hi) {
   return static_cast<uint32_t>(float_to_bf16(lo)) |
          (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
+#if FA_BF16_PAIRS
+// The packs of fp32 tiles into bf16 pairs, 16 pairs a vector: vcvtne2ps2bf16 rounds 32 floats
+// to nearest even, a permutation of words interleaves two rows' halves.
+// 32 rounded bf16 in the order of lo's 16 floats, then hi's.
+inline __m512i round_halves(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+// The pairs (lo[c], hi[c]), c < 16.
+inline __m512i round_pairs(__m512 lo, __m512 hi) {
+  alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5,
+                                                        21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                        11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), round_halves(lo, hi));
+}
+
+// 16 x 16 32-bit elements transposed in registers: r[i] becomes column i of what r held.
+inline void transpose16(__m512i r[16]) {
+  __m512 a[16], t[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_castsi512_ps(r[i]);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);  // per 128-bit lane: x0 y0 x1 y1
+    t[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // per lane L of a[i + j]: rows i..i+3 of column 4L + j
+    a[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    a[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+    a[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    a[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int j = 0; j < 4; ++j) {  // lanes 0, 2 and 1, 3 of the row quads (0, 4) and (8, 12)
+    t[j] = _mm512_shuffle_f32x4(a[j], a[j + 4], 0x88);
+    t[j + 4] = _mm512_shuffle_f32x4(a[j], a[j + 4], 0xdd);
+    t[j + 8] = _mm512_shuffle_f32x4(a[j + 8], a[j + 12], 0x88);
+    t[j + 12] = _mm512_shuffle_f32x4(a[j + 8], a[j + 12], 0xdd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_castps_si512(_mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
+    r[j + 8] = _mm512_castps_si512(_mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd));
+    r[j + 4] = _mm512_castps_si512(_mm512_shuffle_f32x4(t[j + 4], t[j + 12], 0x88));
+    r[j + 12] = _mm512_castps_si512(_mm512_shuffle_f32x4(t[j + 4], t[j + 12], 0xdd));
+  }
+}
+
+// Transposed, down the rows: dst[c * ld_dst + r / 2] = (src[r][c], src[r + 1][c]) for r < rows
+// (r even; an odd count's last upper half 0) and c < cols, a multiple of 16. Whole blocks of 16
+// pairs are written, zeros past (rows + 1) / 2: ld_dst holds a multiple of 16.
+inline void pack_pairs_transposed(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld,
+                                  int rows, int cols) {
+  const int pairs = (rows + 1) / 2;
+  for (int p0 = 0; p0 < pairs; p0 += 16) {
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int p = p0 + i;
+        if (p >= pairs) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const __m512 lo = _mm512_loadu_ps(src + 2 * p * ld + c0);
+        const __m512 hi =
+            2 * p + 1 < rows ? _mm512_loadu_ps(src + (2 * p + 1) * ld + c0) : _mm512_setzero_ps();
+        r[i] = round_pairs(lo, hi);
+      }
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c0 + i) * ld_dst + p0, r[i]);
+    }
+  }
+}
+
+// Rows [n0, n0 + count) of (b, h) as the pairs of a transposed tile: dst[p * ld + j] = the pair
+// (x[n0 + j][2p], x[n0 + j][2p + 1]) for 2p < d, columns [count, count_pad) zeroed; nothing
+// else of dst is written (count <= Ranges::kRows).
+inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, int64_t b,
+                                  int64_t n0, int count, int count_pad, int64_t h, int d,
+                                  const BlockTable& pages = BlockTable{}) {
+  const uint16_t* rows[Ranges::kRows];
+  for_kv_rows<BF16>(t, pages, b, n0, count, h, [&](int64_t j, const uint16_t* src) { rows[j] = src; });
+  const int pairs = (d + 1) / 2;
+  for (int j0 = 0; j0 < count_pad; j0 += 16) {
+    const int columns = std::min(16, count_pad - j0);
+    const __mmask16 store = static_cast<__mmask16>((1u << columns) - 1);
+    for (int p0 = 0; p0 < pairs; p0 += 16) {
+      const int left = d - 2 * p0;  // elements of a row from pair p0 on
+      const __mmask32 load = left >= 32 ? ~0u : (1u << left) - 1;
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = j0 + i < count ? _mm512_maskz_loadu_epi16(load, rows[j0 + i] + 2 * p0)
+                              : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      for (int p = 0; p < std::min(16, pairs - p0); ++p) {
+        _mm512_mask_storeu_epi32(dst + (p0 + p) * ld + j0, store, r[p]);
+      }
+    }
+  }
+}
+// count bf16 rows of d elements as the pairs down them: dst[(j / 2) * ldd + x] = (rows[j][x],
+// rows[j + 1][x]) for x < d, zero for x in [d, ldd) (ldd a multiple of 16) and in an odd
+// count's last upper half.
+inline void pack_rows_pairs_down(uint32_t* dst, int64_t ldd, const uint16_t* const* rows, int count,
+                                 int d) {
+  for (int j = 0; j < count; j += 2) {
+    const uint16_t* lo = rows[j];
+    const uint16_t* hi = j + 1 < count ? rows[j + 1] : nullptr;
+    for (int x = 0; x < ldd; x += 16) {
+      const __mmask16 live =
+          x >= d ? 0 : d - x >= 16 ? 0xffff : static_cast<__mmask16>((1u << (d - x)) - 1);
+      const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, lo + x));
+      const __m512i u = hi != nullptr
+                            ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, hi + x))
+                            : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + (j / 2) * ldd + x, _mm512_or_si512(l, _mm512_slli_epi32(u, 16)));
+    }
+  }
+}
+// Down the rows: dst[(r / 2) * ld_dst + c] = (src[r][c], src[r + 1][c]), r even; cols a
+// multiple of 16.
+inline void pack_pairs_down(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
+                            int cols) {
+  for (int r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? src + (r + 1) * ld : nullptr;
+    for (int c = 0; c < cols; c += 16) {
+      const __m512 hi = b != nullptr ? _mm512_loadu_ps(b + c) : _mm512_setzero_ps();
+      _mm512_storeu_si512(dst + (r / 2) * ld_dst + c, round_pairs(_mm512_loadu_ps(a + c), hi));
+    }
+  }
+}
+// Along the rows: dst[r * ld_dst + c / 2] = (src[r][c], src[r][c + 1]), c even, cols a multiple
+// of 16. Whole blocks of 16 pairs are written, zeros past cols / 2: ld_dst holds a multiple
+// of 16.
+inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
+                             int cols) {
+  for (int r = 0; r < rows; ++r) {
+    const float* a = src + r * ld;
+    for (int c = 0; c < cols; c += 32) {
+      const __m512 hi = c + 16 < cols ? _mm512_loadu_ps(a + c + 16) : _mm512_setzero_ps();
+      _mm512_storeu_si512(dst + r * ld_dst + c / 2, round_halves(_mm512_loadu_ps(a + c), hi));
+    }
+  }
+}
+#else
+inline void pack_rows_pairs_down(uint32_t*, int64_t, const uint16_t* const*, int, int) {}
 // Down the rows: dst[(r / 2) * ld_dst + c] = (src[r][c], src[r + 1][c]), r even.
 inline void pack_pairs_down(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
                             int cols) {
@@ -538,6 +925,26 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
     }
   }
 }
+#endif  // FA_BF16_PAIRS
+
+#if FA_AMX
+// The forward's O += P V on pairs as well (the amx copy): P rounded to bf16, as the backward's
+// products and the GPU kernels round it.
+constexpr bool kPairsTimesV = true;
+
+// Rows [n0, n0 + count) of (b, h) of a bf16 value view as the pairs down its rows, as
+// pack_rows_pairs_down.
+inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64_t b, int64_t n0,
+                             int count, int64_t h, int d, const BlockTable& pages) {
+  const uint16_t* rows[kBlockK];
+  for_kv_rows<BF16>(t, pages, b, n0, count, h, [&](int64_t j, const uint16_t* src) { rows[j] = src; });
+  pack_rows_pairs_down(dst, ldd, rows, count, d);
+}
+#else
+constexpr bool kPairsTimesV = false;
+inline void pack_value_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int64_t,
+                             int, const BlockTable&) {}
+#endif  // FA_AMX
 
 // Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
 // computed: rows of one head are far apart in [B, N, H, D], which defeats the hardware
@@ -745,10 +1152,11 @@ inline Ranges keys_seen(const Mask& m, const QueryTile& q, int64_t j0, int64_t n
 }
 
 // With pairs (uses_pairs), K holds [ncols][dp / 2] pairs and q.Qt [d / 2][kBlockQ] pairs of the
-// unscaled q; qmul scales the product.
+// unscaled q; qmul scales the product. With pairs and kPairsTimesV, V holds [ncols / 2][dvp]
+// pairs down its rows, and P's pairs go through p_pairs ([kBlockQ][kBlockK / 2]).
 void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const float* V,
                         int64_t j0, int ncols, int d, int dp, int dvp, float* St, bool pairs,
-                        float qmul) {
+                        float qmul, uint32_t* p_pairs) {
   if (pairs) {
     gemm_pairs(ncols, q.rows_p, (d + 1) / 2, reinterpret_cast<const uint32_t*>(K), dp / 2,
                reinterpret_cast<const uint32_t*>(q.Qt), kBlockQ, St, kBlockQ, qmul);
@@ -798,6 +1206,12 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
   }
+  if (pairs && kPairsTimesV) {
+    pack_pairs_transposed(p_pairs, kBlockK / 2, St, kBlockQ, ncols, q.rows_p);
+    gemm_pairs_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), p_pairs, kBlockK / 2,
+                      reinterpret_cast<const uint32_t*>(V), dvp, q.O, dvp);
+    return;
+  }
   gemm_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), St, 1, kBlockQ, V, dvp, q.O, dvp, true);
 }
 
@@ -834,6 +1248,7 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   float* K = t.at(pl.t_kt);  // [kBlockK][dp]
   float* V = t.at(pl.t_v);   // [kBlockK][dvp]
   float* St = t.at(pl.t_s);  // [kBlockK][kBlockQ]
+  uint32_t* p_pairs = reinterpret_cast<uint32_t*>(t.at(pl.t_p_pairs));  // with kPairsTimesV
   const BlockTable& pages = a.variants.block_table;
 
   QueryTile tiles[kMaxQueryGroup];
@@ -894,9 +1309,14 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
         pack_row<E>(K + j * dp, row, d, dp, 1.0f);
       }
     });
-    for_kv_rows<E>(a.v, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
-      pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
-    });
+    if constexpr (uses_pairs<E>() && kPairsTimesV) {
+      pack_value_pairs(reinterpret_cast<uint32_t*>(V), dvp, a.v, b, seq.k_begin + j0, ncols, hk,
+                       dv, pages);
+    } else {
+      for_kv_rows<E>(a.v, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
+        pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
+      });
+    }
     if (j0 + kBlockK < key_end) {
       const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
       prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d, pages);
@@ -906,7 +1326,8 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
       QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
-      flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St, uses_pairs<E>(), p.scale * kLog2e);
+      flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St, uses_pairs<E>(), p.scale * kLog2e,
+                         p_pairs);
     }
   }
 
@@ -1214,7 +1635,7 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   float* P = t.at(pl.t_s);
   float* dS = t.at(pl.t_dp);
   float* dcap = p.softcap > 0.0f ? t.at(pl.t_dcap) : nullptr;
-  // With pairs: K's pairs, then per query tile Q's, dO's, P^T's, dS^T's and dS's (Plan::t_pairs).
+  // With pairs: K's pairs, then per query tile P^T's, dS^T's and dS's (Plan::t_pairs).
   uint32_t* k_pairs = uses_pairs<E>() ? reinterpret_cast<uint32_t*>(t.at(pl.t_pairs)) : nullptr;
   uint32_t* pairs_area = uses_pairs<E>() ? k_pairs + kBlockK / 2 * dp : nullptr;
   const float* lse2_all = shared_at(ws, pl.lse2);
@@ -1285,20 +1706,19 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
         if constexpr (uses_pairs<E>()) {
           // dV += P^T dO, dK += dS^T Q, dQ += dS K on pairs (P and dS rounded to bf16, as the
           // GPU kernels round them), each row over its own range as in fp32.
-          const int rp = (rows + 1) / 2, cp = (ncols + 1) / 2;
-          uint32_t* q_pairs = pairs_area;                             // [rp][dp]
-          uint32_t* do_pairs = q_pairs + kBlockQ / 2 * dp;            // [rp][dvp]
-          uint32_t* pt_pairs = do_pairs + kBlockQ / 2 * dvp;          // [ncols][rp]
-          uint32_t* dst_pairs = pt_pairs + kBlockK * (kBlockQ / 2);   // [ncols][rp]
-          uint32_t* ds_pairs = dst_pairs + kBlockK * (kBlockQ / 2);   // [rows][cp]
-          pack_pairs_down(q_pairs, dp, Q, dp, rows, dp);
-          pack_pairs_down(do_pairs, dvp, dO, dvp, rows, dvp);
-          pack_pairs_transposed(pt_pairs, rp, P, kBlockK, rows, ncols);
-          pack_pairs_transposed(dst_pairs, rp, dS, kBlockK, rows, ncols);
-          pack_pairs_along(ds_pairs, cp, dS, kBlockK, rows, ncols);
-          gemm_pairs_ranges(ncols, dvp, queries, pt_pairs, rp, do_pairs, dvp, dV, dvp);
-          gemm_pairs_ranges(ncols, dp, queries, dst_pairs, rp, q_pairs, dp, dK, dp);
-          gemm_pairs_ranges(rows, dp, keys, ds_pairs, cp, k_pairs, dp, dq_rows, dp);
+          // Q's and dO's pairs down the rows come packed (flash_pack_q_item).
+          constexpr int kQueryPairs = kBlockQ / 2, kKeyPairs = kBlockK / 2;
+          const uint32_t* q_pairs = reinterpret_cast<const uint32_t*>(Q);    // [rows / 2][dp]
+          const uint32_t* do_pairs = reinterpret_cast<const uint32_t*>(dO);  // [rows / 2][dvp]
+          uint32_t* pt_pairs = pairs_area;                             // [ncp][kQueryPairs]
+          uint32_t* dst_pairs = pt_pairs + kBlockK * kQueryPairs;      // [ncp][kQueryPairs]
+          uint32_t* ds_pairs = dst_pairs + kBlockK * kQueryPairs;      // [rows][kKeyPairs]
+          pack_pairs_transposed(pt_pairs, kQueryPairs, P, kBlockK, rows, ncp);
+          pack_pairs_transposed(dst_pairs, kQueryPairs, dS, kBlockK, rows, ncp);
+          pack_pairs_along(ds_pairs, kKeyPairs, dS, kBlockK, rows, ncp);
+          gemm_pairs_ranges(ncols, dvp, queries, pt_pairs, kQueryPairs, do_pairs, dvp, dV, dvp);
+          gemm_pairs_ranges(ncols, dp, queries, dst_pairs, kQueryPairs, q_pairs, dp, dK, dp);
+          gemm_pairs_ranges(rows, dp, keys, ds_pairs, kKeyPairs, k_pairs, dp, dq_rows, dp);
           continue;
         }
         gemm_ranges(ncols, dvp, queries, P, 1, kBlockK, dO, dvp, dV, dvp, true);
@@ -1313,7 +1733,10 @@ void flash_backward_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_
   }
 }
 
-// Q, Q in log2 units and dO of one query tile, packed for flash_backward_item.
+// Q, Q in log2 units and dO of one query tile, packed for flash_backward_item. With pairs: Q's
+// and dO's pairs along their rows (the A operands of S and dP) in qs_all, and the pairs down
+// the tile's rows (the B operands of dK and dV) where the tile's fp32 rows would lie in q_all
+// and do_all ([rows / 2][dp] and [rows / 2][dvp], half of each).
 template <class E>
 void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t item,
                        int64_t slice_row0) {
@@ -1326,18 +1749,27 @@ void flash_pack_q_item(const BackwardArgs& a, const Plan& pl, char* ws, int64_t 
   float* qs = shared_at(ws, pl.qs_all) + row0 * pl.qs_ld;
   float* g = shared_at(ws, pl.do_all) + row0 * dvp;
   const float qmul = p.scale * kLog2e;
+  if constexpr (uses_pairs<E>()) {
+    const uint16_t* q_rows[kBlockQ];
+    const uint16_t* do_rows[kBlockQ];
+    for (int r = 0; r < it.rows; ++r) {
+      const int64_t i = it.seq.q_begin + it.i0 + r;
+      q_rows[r] = in_row<E>(a.q, it.b, i, it.h);
+      do_rows[r] = in_row<E>(a.dout, it.b, i, it.h);
+      uint32_t* pairs = reinterpret_cast<uint32_t*>(qs + r * pl.qs_ld);
+      pack_row_pairs(pairs, q_rows[r], d, dp);
+      pack_row_pairs(pairs + dp / 2, do_rows[r], dv, dvp);
+    }
+    pack_rows_pairs_down(reinterpret_cast<uint32_t*>(q), dp, q_rows, it.rows, d);
+    pack_rows_pairs_down(reinterpret_cast<uint32_t*>(g), dvp, do_rows, it.rows, dv);
+    return;
+  }
   for (int r = 0; r < it.rows; ++r) {
     const int64_t i = it.seq.q_begin + it.i0 + r;
     const typename E::T* q_row = in_row<E>(a.q, it.b, i, it.h);
     const typename E::T* do_row = in_row<E>(a.dout, it.b, i, it.h);
     pack_row<E>(q + r * dp, q_row, d, dp, 1.0f);
-    if constexpr (uses_pairs<E>()) {  // Q's pairs, then dO's: the A operands of S and dP
-      uint32_t* pairs = reinterpret_cast<uint32_t*>(qs + r * pl.qs_ld);
-      pack_row_pairs(pairs, q_row, d, dp);
-      pack_row_pairs(pairs + dp / 2, do_row, dv, dvp);
-    } else {
-      pack_row<E>(qs + r * pl.qs_ld, q_row, d, dp, qmul);
-    }
+    pack_row<E>(qs + r * pl.qs_ld, q_row, d, dp, qmul);
     pack_row<E>(g + r * dvp, do_row, dv, dvp, 1.0f);
   }
 }
@@ -1510,6 +1942,9 @@ void backward_typed(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool&
 }
 
 void forward(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+#if FA_AMX
+  amx::forget();
+#endif
   switch (a.problem.dtype) {
     case DType::F32:
       return forward_typed<F32>(a, pl, ws, pool);
@@ -1521,6 +1956,9 @@ void forward(const ForwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
 }
 
 void backward(const BackwardArgs& a, const Plan& pl, char* ws, ThreadPool& pool) {
+#if FA_AMX
+  amx::forget();
+#endif
   switch (a.problem.dtype) {
     case DType::F32:
       return backward_typed<F32>(a, pl, ws, pool);

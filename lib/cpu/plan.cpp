@@ -135,6 +135,7 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.t_o = thread.take(sz.mul({g, kBlockQ, dvp, f}, "O tiles"), "O tiles");
     plan.t_m = thread.take(sz.mul({g, kBlockQ, f}, "row maxima"), "row maxima");
     plan.t_l = thread.take(sz.mul({g, kBlockQ, f}, "row sums"), "row sums");
+    if (p.dtype == DType::BF16) plan.t_p_pairs = thread.take(s_tile / 2, "P's bf16 pairs");
   } else if (!backward) {
     plan.kt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "K^T"), "K^T");
     plan.v_all = shared.take(sz.mul({B, Hkv, Nk, dvp, f}, "V"), "V");
@@ -175,10 +176,9 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
     plan.t_s = thread.take(s_tile, "P tile");
     plan.t_dp = thread.take(s_tile, "dS tile");
     if (softcap) plan.t_dcap = thread.take(s_tile, "softcap derivative tile");
-    if (p.dtype == DType::BF16) {  // pairs are half an fp32 tile: K, Q, dO, P^T, dS^T, dS
+    if (p.dtype == DType::BF16) {  // pairs are half an fp32 tile: K, P^T, dS^T, dS
       const char* what = "bf16 pair tiles";
-      const size_t tiles = sz.add(sz.add(k_tile, q_tile, what),
-                                  sz.add(do_tile, sz.mul({3, kBlockQ, kBlockK, f}, what), what), what);
+      const size_t tiles = sz.add(k_tile, sz.mul({3, kBlockQ, kBlockK, f}, what), what);
       plan.t_pairs = thread.take(tiles / 2, what);
     }
   } else {

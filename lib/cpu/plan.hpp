@@ -60,11 +60,12 @@ struct Plan {
   size_t lse2_lo = 0;  // backward: [rows] what that rounding lost
   size_t delta = 0;    // backward: [rows] rowsum(dO * O)
   size_t dq_part = 0;  // flash backward: [chunks, slice_rows, dp] partial dQ of one slice
-  size_t q_all = 0;    // backward: [rows, dp] (flash: [slice_rows, dp], one slice's)
+  size_t q_all = 0;    // backward: [rows, dp] (flash: [slice_rows, dp], one slice's; with bf16
+                       // pairs, each query tile's pairs down its rows, in its first half)
   size_t qs_all = 0;   // flash backward: [slice_rows, qs_ld] Q in log2 units (times scale * log2(e));
                        // with bf16 pairs, Q's dp / 2 pairs then dO's dvp / 2 (unscaled)
   int64_t qs_ld = 0;   // floats per row of qs_all: max(dp, (dp + dvp) / 2)
-  size_t do_all = 0;   // backward: [rows, dvp] (flash: [slice_rows, dvp])
+  size_t do_all = 0;   // backward: [rows, dvp] (flash: [slice_rows, dvp]; with pairs, as q_all)
   size_t k_all = 0;    // standard backward: [B, Hkv, Nk, dp]
   size_t kt_all = 0;   // standard: [B, Hkv, d, nk_pad] (K transposed)
   size_t v_all = 0;    // standard forward: [B, Hkv, Nk, dvp]
@@ -78,9 +79,12 @@ struct Plan {
   size_t t_q = 0, t_o = 0, t_s = 0, t_dp = 0;
   size_t t_kt = 0, t_k = 0, t_v = 0, t_vt = 0, t_dk = 0, t_dv = 0, t_m = 0, t_l = 0;
   size_t t_dcap = 0;  // backward with a softcap: its derivative, a P tile (flash) or row (standard)
-  // flash backward in bf16: the bf16 pairs of K, Q, dO, P^T, dS^T and dS (kernels_impl.hpp,
+  // flash backward in bf16: the bf16 pairs of K, P^T, dS^T and dS (kernels_impl.hpp,
   // "bf16 pairs"), taken whichever copy of the kernels runs, so the workspace is the same
   size_t t_pairs = 0;
+  // flash forward in bf16: P's bf16 pairs, [kBlockQ][kBlockK / 2] (the copies that multiply
+  // P V on pairs use it; taken by every copy, as t_pairs)
+  size_t t_p_pairs = 0;
 
   size_t thread_base = 0;
   size_t thread_bytes = 0;

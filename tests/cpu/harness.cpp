@@ -404,9 +404,14 @@ void check_backward(const Case& c) {
                              {"dk", flash.dk, standard.dk, ref_dk, atol},
                              {"dv", flash.dv, standard.dv, ref_dv, atol}};
   // The sinks' gradient is fp32 whatever the dtype (a sum over every row of the batch): its
-  // floor is fp32's; its error comes from the dtype's outputs it is computed from.
+  // floor is fp32's; its error comes from the dtype's outputs it is computed from, so its base
+  // is the standard backward over the same forward outputs (a forward that rounds P to the
+  // dtype, as the amx copy's does, moves every row's O, and a sum over rows shows it more than
+  // any one output, which the forward's own rule checks).
+  BackwardResult standard_on_flash;
   if (c.sinks) {
-    grads.push_back({"dsinks", flash.dsinks, standard.dsinks, ref_dsinks,
+    standard_on_flash = run_backward(ctx.get(), c, in, f_fwd, FLASHATTN_ALGORITHM_STANDARD);
+    grads.push_back({"dsinks", flash.dsinks, standard_on_flash.dsinks, ref_dsinks,
                      dtype_atol(FLASHATTN_DTYPE_FLOAT32)});
   }
   for (const Grad& g : grads) {

@@ -156,7 +156,7 @@ TEST_SUITE("cpu_options") {
   TEST_CASE("every instruction-set copy of the kernels is right") {
     // avx512bf16 runs where the CPU issues bf16 pairs at the FMA's rate (else the limit leaves
     // the best copy there is): bf16 with odd head dims too, whose last pair is half padding.
-    for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16"}) {
+    for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16", "amx"}) {
       IsaLimit limit(isa);
       INFO("FLASHATTN_CPU_ISA=", isa);
       check_forward(make(FLASHATTN_DTYPE_FLOAT32, 1, 70, 150, 2, 1, 72, true));
