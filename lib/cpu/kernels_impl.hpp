@@ -467,8 +467,8 @@ void row_pairs_masked(int64_t N, int64_t p0, int64_t p1, int64_t lo, int64_t hi,
 }
 
 #if FA_AMX
-// Depth pairs a ranged product spans at most: a tile's keys or queries.
-constexpr int kMaxRangePairs = (Ranges::kRows + 1) / 2;
+// Depth pairs a ranged product spans at most: a tile's queries, or a forward step's keys.
+constexpr int kMaxRangePairs = std::max(Ranges::kRows, kPairsForwardKeys) / 2;
 
 // Whether either half of a pair is an infinity or a NaN (all its exponent bits set).
 inline bool pair_nonfinite(uint32_t x) {
@@ -936,7 +936,7 @@ constexpr bool kPairsTimesV = true;
 // pack_rows_pairs_down.
 inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64_t b, int64_t n0,
                              int count, int64_t h, int d, const BlockTable& pages) {
-  const uint16_t* rows[kBlockK];
+  const uint16_t* rows[kPairsForwardKeys];
   for_kv_rows<BF16>(t, pages, b, n0, count, h, [&](int64_t j, const uint16_t* src) { rows[j] = src; });
   pack_rows_pairs_down(dst, ldd, rows, count, d);
 }
@@ -1153,10 +1153,10 @@ inline Ranges keys_seen(const Mask& m, const QueryTile& q, int64_t j0, int64_t n
 
 // With pairs (uses_pairs), K holds [ncols][dp / 2] pairs and q.Qt [d / 2][kBlockQ] pairs of the
 // unscaled q; qmul scales the product. With pairs and kPairsTimesV, V holds [ncols / 2][dvp]
-// pairs down its rows, and P's pairs go through p_pairs ([kBlockQ][kBlockK / 2]).
+// pairs down its rows, and P's pairs go through p_pairs ([kBlockQ][p_ld]).
 void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const float* V,
                         int64_t j0, int ncols, int d, int dp, int dvp, float* St, bool pairs,
-                        float qmul, uint32_t* p_pairs) {
+                        float qmul, uint32_t* p_pairs, int p_ld) {
   if (pairs) {
     gemm_pairs(ncols, q.rows_p, (d + 1) / 2, reinterpret_cast<const uint32_t*>(K), dp / 2,
                reinterpret_cast<const uint32_t*>(q.Qt), kBlockQ, St, kBlockQ, qmul);
@@ -1207,8 +1207,8 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
     if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
   }
   if (pairs && kPairsTimesV) {
-    pack_pairs_transposed(p_pairs, kBlockK / 2, St, kBlockQ, ncols, q.rows_p);
-    gemm_pairs_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), p_pairs, kBlockK / 2,
+    pack_pairs_transposed(p_pairs, p_ld, St, kBlockQ, ncols, q.rows_p);
+    gemm_pairs_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), p_pairs, p_ld,
                       reinterpret_cast<const uint32_t*>(V), dvp, q.O, dvp);
     return;
   }
@@ -1245,9 +1245,12 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
-  float* K = t.at(pl.t_kt);  // [kBlockK][dp]
-  float* V = t.at(pl.t_v);   // [kBlockK][dvp]
-  float* St = t.at(pl.t_s);  // [kBlockK][kBlockQ]
+  // Keys per step: with P V on tiles, twice a tile, so that each product's depth is long
+  // enough to pay for loading and storing its accumulators.
+  constexpr int kKeys = uses_pairs<E>() && kPairsTimesV ? kPairsForwardKeys : kBlockK;
+  float* K = t.at(pl.t_kt);  // [kKeys][dp]
+  float* V = t.at(pl.t_v);   // [kKeys][dvp]
+  float* St = t.at(pl.t_s);  // [kKeys][kBlockQ]
   uint32_t* p_pairs = reinterpret_cast<uint32_t*>(t.at(pl.t_p_pairs));  // with kPairsTimesV
   const BlockTable& pages = a.variants.block_table;
 
@@ -1299,8 +1302,8 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     key_begin = std::max(key_begin, split_lo);
     key_end = std::min(key_end, split_hi);
   }
-  for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockK) {
-    const int ncols = static_cast<int>(std::min<int64_t>(kBlockK, key_end - j0));
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
+    const int ncols = static_cast<int>(std::min<int64_t>(kKeys, key_end - j0));
     using Elem = typename E::T;
     for_kv_rows<E>(a.k, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
       if constexpr (uses_pairs<E>()) {
@@ -1317,17 +1320,17 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
         pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
       });
     }
-    if (j0 + kBlockK < key_end) {
-      const int64_t next = std::min<int64_t>(kBlockK, key_end - j0 - kBlockK);
-      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kBlockK, next, hk, d, pages);
-      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kBlockK, next, hk, dv, pages);
+    if (j0 + kKeys < key_end) {
+      const int64_t next = std::min<int64_t>(kKeys, key_end - j0 - kKeys);
+      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kKeys, next, hk, d, pages);
+      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kKeys, next, hk, dv, pages);
     }
     for (int s = 0; s < ntiles; ++s) {
       QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
       flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St, uses_pairs<E>(), p.scale * kLog2e,
-                         p_pairs);
+                         p_pairs, kKeys / 2);
     }
   }
 

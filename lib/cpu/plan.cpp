@@ -128,14 +128,18 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
       plan.split_lse = shared.take(sz.mul({parts, rows, f}, "partial LSE"), "partial LSE");
     }
     const int64_t g = plan.query_group * plan.head_group;
+    const int64_t keys = p.dtype == DType::BF16 ? kPairsForwardKeys : kBlockK;  // per step
     plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
-    plan.t_kt = thread.take(k_tile, "K tile");
-    plan.t_v = thread.take(v_tile, "V tile");
-    plan.t_s = thread.take(s_tile, "S tile");
+    plan.t_kt = thread.take(sz.mul({keys, dp, f}, "a key tile"), "K tile");
+    plan.t_v = thread.take(sz.mul({keys, dvp, f}, "a value tile"), "V tile");
+    plan.t_s = thread.take(sz.mul({keys, kBlockQ, f}, "a score tile"), "S tile");
     plan.t_o = thread.take(sz.mul({g, kBlockQ, dvp, f}, "O tiles"), "O tiles");
     plan.t_m = thread.take(sz.mul({g, kBlockQ, f}, "row maxima"), "row maxima");
     plan.t_l = thread.take(sz.mul({g, kBlockQ, f}, "row sums"), "row sums");
-    if (p.dtype == DType::BF16) plan.t_p_pairs = thread.take(s_tile / 2, "P's bf16 pairs");
+    if (p.dtype == DType::BF16) {
+      plan.t_p_pairs = thread.take(sz.mul({kBlockQ, kPairsForwardKeys / 2, 4}, "P's bf16 pairs"),
+                                   "P's bf16 pairs");
+    }
   } else if (!backward) {
     plan.kt_all = shared.take(sz.mul({B, Hkv, d, nkp, f}, "K^T"), "K^T");
     plan.v_all = shared.take(sz.mul({B, Hkv, Nk, dvp, f}, "V"), "V");

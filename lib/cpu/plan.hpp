@@ -14,6 +14,9 @@ namespace cpu {
 constexpr int kBlockQ = 64;  // query rows per tile
 constexpr int kBlockK = 64;  // keys per tile
 constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
+// Flash forward in bf16 with P V on AMX tiles: keys per step (two tiles' worth, so that each
+// product's depth pays for loading and storing its accumulators).
+constexpr int kPairsForwardKeys = 2 * kBlockK;
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
 constexpr int kMaxHeadDim = 256;  // of q, k and of v: what the CPU backend supports
@@ -82,8 +85,9 @@ struct Plan {
   // flash backward in bf16: the bf16 pairs of K, P^T, dS^T and dS (kernels_impl.hpp,
   // "bf16 pairs"), taken whichever copy of the kernels runs, so the workspace is the same
   size_t t_pairs = 0;
-  // flash forward in bf16: P's bf16 pairs, [kBlockQ][kBlockK / 2] (the copies that multiply
-  // P V on pairs use it; taken by every copy, as t_pairs)
+  // flash forward in bf16: P's bf16 pairs, [kBlockQ][kPairsForwardKeys / 2] (the copies that
+  // multiply P V on pairs use it, and step by kPairsForwardKeys keys; taken by every copy, as
+  // t_pairs, and so are the larger K, V and S tiles)
   size_t t_p_pairs = 0;
 
   size_t thread_base = 0;
