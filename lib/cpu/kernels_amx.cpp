@@ -28,16 +28,7 @@
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define FA_BF16_PAIRS 1
 #define FA_AMX 1
-// GCC 12 takes the undefined source operand inside some AVX-512 intrinsics (roundscale,
-// shuffles) for a use of an uninitialized value.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include "cpu/kernels_impl.hpp"
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #if defined(__clang__)
 #pragma clang attribute pop

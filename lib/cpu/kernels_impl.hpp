@@ -31,6 +31,13 @@
 // and which keys each query sees (Seq and Mask, cpu/sequences.hpp), what becomes of a raw score
 // (Logits: softcap, then ALiBi) and the sink's share of a row's softmax (Sink).
 
+// GCC 12 takes the undefined source operand inside some AVX-512 intrinsics (roundscale,
+// shuffles) for a use of an uninitialized value.
+#if FA_W == 16 && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace flashattn {
 namespace cpu {
 namespace FA_ISA_NS {
@@ -71,8 +78,20 @@ inline vf vfma(vf a, vf b, vf c) {
 #endif
 }
 
-// 2^x to about 1 ulp: 2^round(x) from the exponent bits times a degree-7 polynomial of the
-// rest in [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
+// 2^f for f in [-0.5, 0.5]: the degree-7 Taylor polynomial.
+inline vf exp2_poly(vf f) {
+  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
+  p = vfma(p, f, splat(1.5403530393381608e-4f));
+  p = vfma(p, f, splat(1.3333558146428443e-3f));
+  p = vfma(p, f, splat(9.6181291076284772e-3f));
+  p = vfma(p, f, splat(5.5504108664821580e-2f));
+  p = vfma(p, f, splat(2.4022650695910071e-1f));
+  p = vfma(p, f, splat(6.9314718055994531e-1f));
+  p = vfma(p, f, splat(1.0f));
+  return p;
+}
+// 2^x to about 1 ulp: 2^round(x) from the exponent bits times exp2_poly of the rest in
+// [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
 // produced; NaN stays NaN.
 #if FA_W == 16
 // AVX-512: the same values in fewer instructions (a rounding instruction for 2^round(x), a
@@ -82,14 +101,7 @@ inline vf exp2v(vf v) {
   const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vf f = (vf)_mm512_sub_ps(x, n);
-  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
-  p = vfma(p, f, splat(1.5403530393381608e-4f));
-  p = vfma(p, f, splat(1.3333558146428443e-3f));
-  p = vfma(p, f, splat(9.6181291076284772e-3f));
-  p = vfma(p, f, splat(5.5504108664821580e-2f));
-  p = vfma(p, f, splat(2.4022650695910071e-1f));
-  p = vfma(p, f, splat(6.9314718055994531e-1f));
-  p = vfma(p, f, splat(1.0f));
+  const vf p = exp2_poly(f);
   return (vf)_mm512_maskz_scalef_ps(kept, (__m512)p, n);
 }
 #else
@@ -99,14 +111,7 @@ inline vf exp2v(vf x) {
   const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const vf r = x + shifter;
   const vf f = x - (r - shifter);
-  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
-  p = vfma(p, f, splat(1.5403530393381608e-4f));
-  p = vfma(p, f, splat(1.3333558146428443e-3f));
-  p = vfma(p, f, splat(9.6181291076284772e-3f));
-  p = vfma(p, f, splat(5.5504108664821580e-2f));
-  p = vfma(p, f, splat(2.4022650695910071e-1f));
-  p = vfma(p, f, splat(6.9314718055994531e-1f));
-  p = vfma(p, f, splat(1.0f));
+  const vf p = exp2_poly(f);
   // The integer round(x) sits in the low mantissa bits of r; n = -127 gives the bits of 0.0.
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return p * scale;
@@ -322,12 +327,17 @@ void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam
                              kTileCols), stride_pad);                                      \
     }                                                                                      \
   } while (0)
-      FA_C_IN(0, c0, rows0);
-      if (two_n) FA_C_IN(1, c0 + kTileCols, rows0);
-      if (two_m) {
-        FA_C_IN(2, c1, rows1);
-        if (two_n) FA_C_IN(3, c1 + kTileCols, rows1);
-      }
+      // OP(tile, its top left in C, its rows) for each of the block's C tiles.
+#define FA_EACH_C_TILE(OP)                   \
+  do {                                       \
+    OP(0, c0, rows0);                        \
+    if (two_n) OP(1, c0 + kTileCols, rows0); \
+    if (two_m) {                             \
+      OP(2, c1, rows1);                      \
+      if (two_n) OP(3, c1 + kTileCols, rows1); \
+    }                                        \
+  } while (0)
+      FA_EACH_C_TILE(FA_C_IN);
 #undef FA_C_IN
       for (int64_t k0 = 0; k0 < KP; k0 += kTileCols) {
         const int kp = static_cast<int>(std::min<int64_t>(kTileCols, KP - k0));
@@ -375,13 +385,9 @@ void gemm_pairs(int64_t M, int64_t N, int64_t KP, const uint32_t* A, int64_t sam
       }                                                                                    \
     }                                                                                      \
   } while (0)
-      FA_C_OUT(0, c0, rows0);
-      if (two_n) FA_C_OUT(1, c0 + kTileCols, rows0);
-      if (two_m) {
-        FA_C_OUT(2, c1, rows1);
-        if (two_n) FA_C_OUT(3, c1 + kTileCols, rows1);
-      }
+      FA_EACH_C_TILE(FA_C_OUT);
 #undef FA_C_OUT
+#undef FA_EACH_C_TILE
     }
   }
   // The whole tiles' rows times mul, once every tile is stored: a vector load right behind a
@@ -1980,3 +1986,7 @@ const KernelSet kSet = {FA_ISA_NAME, &forward, &backward, &merge};
 }  // namespace FA_ISA_NS
 }  // namespace cpu
 }  // namespace flashattn
+
+#if FA_W == 16 && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
