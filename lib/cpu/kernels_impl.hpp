@@ -278,8 +278,8 @@ constexpr bool kBf16Pairs = true;
 // each), B's columns in 6 and 7 (16 pairs x 16 columns). A block short of rows (M) or of depth
 // (KP) loads its operands from zero-padded copies and stores C through one, so that a tile
 // never reads past an operand or writes past C's rows, and the padding multiplies zeros only.
-// tdpbf16ps sums an element's products in one order whichever operand is A, so S = Q K^T and
-// S^T = K Q^T agree bit for bit, as the forward and the backward need.
+// tdpbf16ps sums an element's products in k order whichever operand is A (its definition), so
+// S = Q K^T and S^T = K Q^T agree bit for bit, as the forward and the backward need.
 using amx::kTileCols;
 using amx::kTileRows;
 static_assert(W == kTileCols, "a tile row is one vector");
