@@ -476,10 +476,10 @@ void row_pairs_masked(int64_t N, int64_t p0, int64_t p1, int64_t lo, int64_t hi,
 // Depth pairs a ranged product spans at most: a tile's queries, or a forward step's keys.
 constexpr int kMaxRangePairs = std::max(Ranges::kRows, kPairsForwardKeys) / 2;
 
-// Whether either half of a pair is an infinity or a NaN (all its exponent bits set).
-inline bool pair_nonfinite(uint32_t x) {
-  return (x & 0x7f80u) == 0x7f80u || (x & 0x7f800000u) == 0x7f800000u;
-}
+// Whether a pair's lower or upper half is an infinity or a NaN (all its exponent bits set).
+constexpr uint32_t kLowExponent = 0x00007f80u, kHighExponent = 0x7f800000u;
+inline bool low_nonfinite(uint32_t x) { return (x & kLowExponent) == kLowExponent; }
+inline bool high_nonfinite(uint32_t x) { return (x & kHighExponent) == kHighExponent; }
 
 // C += A B with row m over the depth elements [lo[m], hi[m]) only, on tiles: every row runs
 // over the pairs all rows together span, its own range's complement zeroed in a copy of A (by
@@ -521,7 +521,9 @@ void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_
   }
   bool finite = true;
   for (int64_t p = 0; p < kp && finite; ++p) {
-    for (int64_t n = 0; n < N; ++n) finite = finite && !pair_nonfinite(b[p * ldb + n]);
+    for (int64_t n = 0; n < N; ++n) {
+      finite = finite && !low_nonfinite(b[p * ldb + n]) && !high_nonfinite(b[p * ldb + n]);
+    }
   }
   if (finite) {
     gemm_pairs(M, N, kp, a_seen, kp, b, ldb, C, ldc, 1.0f, true);
@@ -533,11 +535,11 @@ void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_
   for (int64_t p = 0; p < kp; ++p)
     for (int64_t n = 0; n < N; ++n) {
       uint32_t x = b[p * ldb + n];
-      if ((x & 0x7f80u) == 0x7f80u) {
+      if (low_nonfinite(x)) {
         x &= 0xffff0000u;
         poisoned_depth[2 * p] = true;
       }
-      if ((x & 0x7f800000u) == 0x7f800000u) {
+      if (high_nonfinite(x)) {
         x &= 0x0000ffffu;
         poisoned_depth[2 * p + 1] = true;
       }
@@ -722,11 +724,6 @@ constexpr bool uses_pairs() {
   return kBf16Pairs && std::is_same<E, BF16>::value;
 }
 
-// The pair (x[k], x[k + 1]) of a row of d raw 16-bit elements, zero past d.
-inline uint32_t pair_at(const uint16_t* x, int k, int d) {
-  const uint32_t lo = k < d ? x[k] : 0u, hi = k + 1 < d ? x[k + 1] : 0u;
-  return lo | (hi << 16);
-}
 // A row as dp / 2 pairs (dp even, at least d): dst[p] = (x[2p], x[2p + 1]), zeros past d. The
 // pairs of a row, in its order, are its 16-bit elements as they lie in memory.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a pair's first element is its low half");
@@ -735,26 +732,7 @@ inline void pack_row_pairs(uint32_t* dst, const uint16_t* src, int d, int dp) {
   std::memset(reinterpret_cast<char*>(dst) + d * sizeof(uint16_t), 0,
               static_cast<size_t>(dp - d) * sizeof(uint16_t));
 }
-#if !FA_BF16_PAIRS  // (the copies with pairs have a vector one, below)
-// Rows [n0, n0 + count) of (b, h) as the pairs of a transposed tile: dst[p * ld + j] = the pair
-// (x[n0 + j][2p], x[n0 + j][2p + 1]) for 2p < d; columns [count, count_pad) zeroed.
-inline void pack_transposed_pairs(uint32_t* dst, int64_t ld, const Tensor4& t, int64_t b,
-                                  int64_t n0, int count, int count_pad, int64_t h, int d,
-                                  const BlockTable& pages = BlockTable{}) {
-  for_kv_rows<BF16>(t, pages, b, n0, count, h, [&](int64_t j, const uint16_t* src) {
-    for (int k = 0; k < d; k += 2) dst[(k / 2) * ld + j] = pair_at(src, k, d);
-  });
-  for (int k = 0; k < d; k += 2)
-    for (int j = count; j < count_pad; ++j) dst[(k / 2) * ld + j] = 0u;
-}
-#endif
 
-// Pairs of an fp32 tile src[r * ld + c] (r < rows, c < cols), rounded to bf16 (exact for values
-// that came from bf16); an odd count's last pair holds a zero.
-inline uint32_t round_pair(float lo, float hi) {
-  return static_cast<uint32_t>(float_to_bf16(lo)) |
-         (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
-}
 #if FA_BF16_PAIRS
 // The packs of fp32 tiles into bf16 pairs, 16 pairs a vector: vcvtne2ps2bf16 rounds 32 floats
 // to nearest even, a permutation of words interleaves two rows' halves.
@@ -895,42 +873,13 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
   }
 }
 #else
+// The copies without pairs never pack them (every call is under uses_pairs).
+inline void pack_transposed_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int,
+                                  int64_t, int, const BlockTable& = BlockTable{}) {}
 inline void pack_rows_pairs_down(uint32_t*, int64_t, const uint16_t* const*, int, int) {}
-// Down the rows: dst[(r / 2) * ld_dst + c] = (src[r][c], src[r + 1][c]), r even.
-inline void pack_pairs_down(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
-                            int cols) {
-  for (int r = 0; r < rows; r += 2) {
-    const float* a = src + r * ld;
-    const float* b = r + 1 < rows ? src + (r + 1) * ld : nullptr;
-    for (int c = 0; c < cols; ++c) {
-      const float x = a[c], y = b != nullptr ? b[c] : 0.0f;
-      dst[(r / 2) * ld_dst + c] = round_pair(x, y);
-    }
-  }
-}
-// Transposed, down the rows: dst[c * ld_dst + r / 2] = (src[r][c], src[r + 1][c]), r even.
-inline void pack_pairs_transposed(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld,
-                                  int rows, int cols) {
-  for (int r = 0; r < rows; r += 2) {
-    const float* a = src + r * ld;
-    const float* b = r + 1 < rows ? src + (r + 1) * ld : nullptr;
-    for (int c = 0; c < cols; ++c) {
-      const float x = a[c], y = b != nullptr ? b[c] : 0.0f;
-      dst[c * ld_dst + r / 2] = round_pair(x, y);
-    }
-  }
-}
-// Along the rows: dst[r * ld_dst + c / 2] = (src[r][c], src[r][c + 1]), c even.
-inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, int64_t ld, int rows,
-                             int cols) {
-  for (int r = 0; r < rows; ++r) {
-    const float* a = src + r * ld;
-    for (int c = 0; c < cols; c += 2) {
-      const float x = a[c], y = c + 1 < cols ? a[c + 1] : 0.0f;
-      dst[r * ld_dst + c / 2] = round_pair(x, y);
-    }
-  }
-}
+inline void pack_pairs_down(uint32_t*, int64_t, const float*, int64_t, int, int) {}
+inline void pack_pairs_transposed(uint32_t*, int64_t, const float*, int64_t, int, int) {}
+inline void pack_pairs_along(uint32_t*, int64_t, const float*, int64_t, int, int) {}
 #endif  // FA_BF16_PAIRS
 
 #if FA_AMX
