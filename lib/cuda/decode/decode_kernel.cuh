@@ -263,8 +263,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int c = dt * 8 + 2 * t;
-        mine[r * kHeadDim + c] = acc_o[dt * 4 + 2 * hh];
-        mine[r * kHeadDim + c + 1] = acc_o[dt * 4 + 2 * hh + 1];
+        *reinterpret_cast<float2*>(mine + r * kHeadDim + c) =
+            make_float2(acc_o[dt * 4 + 2 * hh], acc_o[dt * 4 + 2 * hh + 1]);
       }
       const float sum = common::quad_sum(softmax.row_sum[hh]);
       if (t == 0) {
@@ -275,81 +275,145 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // Merged over the warps: m = max of the maxima, l and O rescaled to it. A row no key reached
-  // (l = 0) writes O = 0 and LSE = -inf.
+  // Merged over the warps, a row per thread first: m = max of the maxima, l and each warp's O
+  // rescaled to it; what multiplies each warp's O (the final 1 / l, with the sink's share where
+  // the split is the whole) goes to coef. A row no key reached (l = 0) writes O = 0 and
+  // LSE = -inf.
+  __shared__ float coef[kRows][kWarps];
   const bool whole = split.splits == 1;
-  for (int idx = tid; idx < kRows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
+  if (tid < kRows) {
+    const int r = tid;
     const PackedRow pr = packed_row(p, r, head_kv, seq.seqlen_q);
-    if (!pr.valid || c >= p.head_dim_v) continue;
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, state[w * Cfg::kWarpStateFloats + kRows * kHeadDim + r]);
     const float m_use = m == -INFINITY ? 0.0f : m;
-    float l = 0.0f, o = 0.0f;
+    float f[kWarps], l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float* ws = state + w * Cfg::kWarpStateFloats;
-      const float f = common::exp2_approx(ws[kRows * kHeadDim + r] - m_use);
-      l = fmaf(ws[kRows * kHeadDim + kRows + r], f, l);
-      o = fmaf(ws[r * kHeadDim + c], f, o);
+      f[w] = common::exp2_approx(ws[kRows * kHeadDim + r] - m_use);
+      l = fmaf(ws[kRows * kHeadDim + kRows + r], f[w], l);
     }
     const bool seen = l > 0.0f && m != -INFINITY;
-    float lse;
+    float inv, lse;
     if (whole) {
       // The attention sink joins the denominator as a key of value 0 (OnlineSoftmax::finalize).
-      const float sink2 = common::sink_log2_of(p, pr.head);
+      const float sink2 = common::sink_log2_of(p, pr.valid ? pr.head : 0);
       float mm = m, keys = 1.0f, total = l;
       if (sink2 != -INFINITY) {
         mm = fmaxf(m, sink2);
         keys = common::exp2_approx(m - mm);
         total = l * keys + common::exp2_approx(sink2 - mm);
       }
-      const float inv = seen ? keys / total : 0.0f;
+      inv = seen ? keys / total : 0.0f;
       lse = seen ? mm * common::OnlineSoftmax<1>::kLn2 + logf(total) : -INFINITY;
-      T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + pr.head * p.o_head_stride +
-               int64_t(seq.offset_q + pr.token) * p.o_row_stride;
-      out[c] = static_cast<T>(seen ? o * inv : 0.0f);
-      if (c == 0 && p.lse != nullptr) {
+      if (pr.valid && p.lse != nullptr) {
         p.lse[batch * p.lse_batch_stride + pr.head * p.lse_head_stride +
               int64_t(seq.offset_q + pr.token) * p.lse_row_stride] = lse;
       }
     } else {
+      inv = seen ? 1.0f / l : 0.0f;
       lse = seen ? m * common::OnlineSoftmax<1>::kLn2 + logf(l) : -INFINITY;
+      if (pr.valid) partial_lse[partial_row(p, split, s_idx, batch, pr.head, pr.token)] = lse;
+    }
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) coef[r][w] = f[w] * inv;
+  }
+  __syncthreads();
+
+  // Then O, four columns a thread: the warps' O weighted by coef.
+  constexpr int kQuads = kHeadDim / 4;
+  for (int idx = tid; idx < kRows * kQuads; idx += kThreads) {
+    const int r = idx / kQuads, c = (idx % kQuads) * 4;
+    const PackedRow pr = packed_row(p, r, head_kv, seq.seqlen_q);
+    if (!pr.valid || c >= p.head_dim_v) continue;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(state + w * Cfg::kWarpStateFloats +
+                                                        r * kHeadDim + c);
+      const float k = coef[r][w];
+      o.x = fmaf(x.x, k, o.x);
+      o.y = fmaf(x.y, k, o.y);
+      o.z = fmaf(x.z, k, o.z);
+      o.w = fmaf(x.w, k, o.w);
+    }
+    if (whole) {
+      T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + pr.head * p.o_head_stride +
+               int64_t(seq.offset_q + pr.token) * p.o_row_stride;
+      const float vals[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (c + e < p.head_dim_v) out[c + e] = static_cast<T>(vals[e]);
+      }
+    } else {
       const int64_t row = partial_row(p, split, s_idx, batch, pr.head, pr.token);
-      partial_o[row * kHeadDim + c] = seen ? o / l : 0.0f;
-      if (c == 0) partial_lse[row] = lse;
+      *reinterpret_cast<float4*>(partial_o + row * kHeadDim + c) = o;
     }
   }
 }
 
-// The splits' partials of one output row merged, a warp per row: LSE = log(sum_s e^LSE_s, plus
-// the sink's e^sink), O = sum_s e^(LSE_s - LSE) O_s. A row no split saw stays 0 / -inf. The
-// lanes share the LSEs (a split each, in turn), the weights go through shared memory, and each
-// lane then adds its 16-byte chunks of O over the splits with several loads in flight.
+// The splits' partials of one output row merged, a CTA per row: LSE = log(sum_s e^LSE_s, plus
+// the sink's e^sink), O = sum_s e^(LSE_s - LSE) O_s. A row no split saw stays 0 / -inf. A
+// thread holds one split's LSE (kMaxSplits <= kThreads) and one 16-byte chunk of O of every
+// kSplitLanes-th split; its first kCombineUnroll chunks are loaded before the LSEs are reduced,
+// so the row costs about one round trip to memory, then the threads of a chunk sum through
+// shared memory.
 constexpr int kCombineUnroll = 8;
+static_assert(kMaxSplits <= kThreads, "a thread per split's LSE");
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
     decode_combine_kernel(const __grid_constant__ cuda::FwdParams p, const DecodeSplit split,
                           const float* partial_o, const float* partial_lse) {
-  __shared__ float weights[kWarps][kMaxSplits];
+  constexpr int kChunks = kHeadDim / 4;  // 16-byte chunks of a partial row
+  // Threads on one chunk, each its own splits; the kThreads % kChunks threads left over (head
+  // dims 96 and 192) take part in the LSEs only.
+  constexpr int kSplitLanes = kThreads / kChunks;
+  __shared__ float weights[kMaxSplits];
+  __shared__ float warp_part[kWarps];
+  __shared__ float4 sums[kSplitLanes][kChunks];
   common::wait_for_prior_grid();  // the partials are written (where its launch overlapped)
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t warp_row = int64_t(blockIdx.x) * kWarps + warp;
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
-  if (warp_row >= rows) return;
-  const int token = static_cast<int>(warp_row % p.seqlen_q);
-  const int head = static_cast<int>(warp_row / p.seqlen_q % p.heads_q);
-  const int batch = static_cast<int>(warp_row / p.seqlen_q / p.heads_q);
+  const int tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const int64_t row_id = blockIdx.x;
+  const int token = static_cast<int>(row_id % p.seqlen_q);
+  const int head = static_cast<int>(row_id / p.seqlen_q % p.heads_q);
+  const int batch = static_cast<int>(row_id / p.seqlen_q / p.heads_q);
   const common::SeqlenInfo seq(p, batch);
-  if (token >= seq.seqlen_q) return;
+  if (token >= seq.seqlen_q) return;  // the whole CTA
   const int64_t row0 = partial_row(p, split, 0, batch, head, token);
   const int64_t split_stride = partial_row(p, split, 1, batch, head, token) - row0;
-  float m = -INFINITY;
-  for (int s = lane; s < split.splits; s += 32) m = fmaxf(m, partial_lse[row0 + s * split_stride]);
+  const int chunk = tid % kChunks;
+  // Past the last split for the threads left over, so that they load and add nothing.
+  const int first_split = tid < kSplitLanes * kChunks ? tid / kChunks : kMaxSplits;
+  const float4* src = reinterpret_cast<const float4*>(partial_o + row0 * kHeadDim) + chunk;
+  const int64_t step = split_stride * kChunks;  // float4s from one split's row to the next's
+  constexpr int kStride = kSplitLanes;          // a thread's splits, kStride apart
+  float4 v[kCombineUnroll];
 #pragma unroll
-  for (int w = 16; w > 0; w /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, w));
+  for (int u = 0; u < kCombineUnroll; ++u) {
+    const int s = first_split + u * kStride;
+    v[u] = s < split.splits ? src[s * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const float my_lse = tid < split.splits ? partial_lse[row0 + tid * split_stride] : -INFINITY;
+
+  // A CTA-wide reduction through warp_part (op: max or sum).
+  auto reduce = [&](float x, bool take_max) {
+#pragma unroll
+    for (int w = 16; w > 0; w /= 2) {
+      const float y = __shfl_xor_sync(0xffffffffu, x, w);
+      x = take_max ? fmaxf(x, y) : x + y;
+    }
+    if (lane == 0) warp_part[warp] = x;
+    __syncthreads();
+    x = warp_part[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) x = take_max ? fmaxf(x, warp_part[w]) : x + warp_part[w];
+    __syncthreads();  // warp_part is free for the next reduction
+    return x;
+  };
+  const float m = reduce(my_lse, true);
   T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
            int64_t(seq.offset_q + token) * p.o_row_stride;
   float* lse_out = p.lse == nullptr ? nullptr
@@ -357,60 +421,62 @@ __global__ void __launch_bounds__(kThreads)
                                           head * p.lse_head_stride +
                                           int64_t(seq.offset_q + token) * p.lse_row_stride;
   if (m == -INFINITY) {
-    for (int c = lane; c < p.head_dim_v; c += 32) out[c] = static_cast<T>(0.0f);
-    if (lane == 0 && lse_out != nullptr) *lse_out = -INFINITY;
+    for (int c = tid; c < p.head_dim_v; c += kThreads) out[c] = static_cast<T>(0.0f);
+    if (tid == 0 && lse_out != nullptr) *lse_out = -INFINITY;
     return;
   }
   const float sink = p.sinks == nullptr ? -INFINITY : p.sinks[head * p.sinks_stride];
   const float mm = fmaxf(m, sink);
-  float total = 0.0f;
-  for (int s = lane; s < split.splits; s += 32) {
-    total += expf(partial_lse[row0 + s * split_stride] - mm);
-  }
-#pragma unroll
-  for (int w = 16; w > 0; w /= 2) total += __shfl_xor_sync(0xffffffffu, total, w);
+  float total = reduce(tid < split.splits ? expf(my_lse - mm) : 0.0f, false);
   if (sink != -INFINITY) total += expf(sink - mm);
   const float lse = mm + logf(total);
-  for (int s = lane; s < split.splits; s += 32) {
-    const float l = partial_lse[row0 + s * split_stride];
-    weights[warp][s] = l == -INFINITY ? 0.0f : expf(l - lse);  // its O holds 0 then
+  if (tid < split.splits) weights[tid] = my_lse == -INFINITY ? 0.0f : expf(my_lse - lse);
+  __syncthreads();
+
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  auto add = [&](const float4& x, float w) {
+    o.x = fmaf(w, x.x, o.x);
+    o.y = fmaf(w, x.y, o.y);
+    o.z = fmaf(w, x.z, o.z);
+    o.w = fmaf(w, x.w, o.w);
+  };
+#pragma unroll
+  for (int u = 0; u < kCombineUnroll; ++u) {
+    const int s = first_split + u * kStride;
+    if (s < split.splits) add(v[u], weights[s]);
   }
-  __syncwarp();
-  constexpr int kChunks = kHeadDim / 4;  // 16-byte chunks of a partial row
-  for (int ch = lane; ch < kChunks; ch += 32) {
-    const float4* src = reinterpret_cast<const float4*>(partial_o + row0 * kHeadDim) + ch;
-    const int64_t step = split_stride * kChunks;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int s = 0;
-    for (; s + kCombineUnroll <= split.splits; s += kCombineUnroll) {
-      float4 v[kCombineUnroll];
+  for (int s0 = first_split + kCombineUnroll * kStride; s0 < split.splits;
+       s0 += kCombineUnroll * kStride) {
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) v[u] = src[(s + u) * step];
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u) {
-        const float w = weights[warp][s + u];
-        o.x = fmaf(w, v[u].x, o.x);
-        o.y = fmaf(w, v[u].y, o.y);
-        o.z = fmaf(w, v[u].z, o.z);
-        o.w = fmaf(w, v[u].w, o.w);
-      }
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kStride;
+      v[u] = s < split.splits ? src[s * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (; s < split.splits; ++s) {
-      const float4 v = src[s * step];
-      const float w = weights[warp][s];
-      o.x = fmaf(w, v.x, o.x);
-      o.y = fmaf(w, v.y, o.y);
-      o.z = fmaf(w, v.z, o.z);
-      o.w = fmaf(w, v.w, o.w);
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kStride;
+      if (s < split.splits) add(v[u], weights[s]);
+    }
+  }
+  if (first_split < kSplitLanes) sums[first_split][chunk] = o;
+  __syncthreads();
+  if (first_split == 0) {
+#pragma unroll
+    for (int i = 1; i < kSplitLanes; ++i) {
+      const float4 x = sums[i][chunk];
+      o.x += x.x;
+      o.y += x.y;
+      o.z += x.z;
+      o.w += x.w;
     }
     const float vals[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int c = ch * 4 + e;
+      const int c = chunk * 4 + e;
       if (c < p.head_dim_v) out[c] = static_cast<T>(vals[e]);
     }
   }
-  if (lane == 0 && lse_out != nullptr) *lse_out = lse;
+  if (tid == 0 && lse_out != nullptr) *lse_out = lse;
 }
 
 template <class T, int kHeadDim>
@@ -430,8 +496,7 @@ cudaError_t launch_decode(const cuda::FwdParams& p, const DecodeSplit& split, vo
                                                                              partial_lse);
   err = cudaGetLastError();
   if (err != cudaSuccess || split.splits == 1) return err;
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  const int64_t blocks = int64_t(p.batch) * p.heads_q * p.seqlen_q;  // a CTA per output row
   if (blocks > INT32_MAX) return cudaErrorNotSupported;
   // The merge launched behind the decode grid without the launch gap between them where the
   // device has programmatic dependent launch (sm_90 on): one-token decode grids run for tens of
