@@ -79,6 +79,29 @@ const (
 	CUDA Backend = 2
 )
 
+// CPUKernels names the kernel copy a CPU context computes with (Context.CPUKernels).
+type CPUKernels = capi.CPUKernels
+
+const (
+	CPUKernelsNone       CPUKernels = 0 // not a CPU context
+	CPUKernelsGeneric    CPUKernels = 1 // the target's baseline
+	CPUKernelsAVX2       CPUKernels = 2 // AVX2 + FMA
+	CPUKernelsAVX512     CPUKernels = 3 // AVX-512 F/VL/BW/DQ
+	CPUKernelsAVX512BF16 CPUKernels = 4 // AVX-512 BF16: bf16 products on vdpbf16ps pairs
+	CPUKernelsAMX        CPUKernels = 5 // AMX-BF16: bf16 products on tiles
+)
+
+// cpuKernelsNames are FLASHATTN_CPU_ISA's names of the copies, by CPUKernels.
+var cpuKernelsNames = [...]string{"none", "generic", "avx2", "avx512", "avx512bf16", "amx"}
+
+// CPUKernelsName is the copy's name as FLASHATTN_CPU_ISA spells it ("amx", ...; "none").
+func CPUKernelsName(k CPUKernels) string {
+	if k >= 0 && int(k) < len(cpuKernelsNames) {
+		return cpuKernelsNames[k]
+	}
+	return fmt.Sprintf("CPUKernels(%d)", int32(k))
+}
+
 // DType is an element type.
 type DType = capi.DType
 
@@ -224,6 +247,15 @@ func (c *Context) Device() (int, error) {
 	var d int32
 	err := capi.Flashattn_context_get_device(&d, c.h)
 	return int(d), err
+}
+
+// CPUKernels is the kernel copy a CPU context computes with, chosen for this CPU at creation
+// and capped by FLASHATTN_CPU_ISA; CPUKernelsNone for a CUDA context.
+func (c *Context) CPUKernels() (CPUKernels, error) {
+	defer runtime.KeepAlive(c)
+	var k CPUKernels
+	err := capi.Flashattn_context_get_cpu_kernels(&k, c.h)
+	return k, err
 }
 
 // SetStream makes later work run on a cudaStream_t of the caller's (0: the context's own).

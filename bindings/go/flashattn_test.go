@@ -294,6 +294,21 @@ func TestClosedContextAndCUDAWithoutDevice(t *testing.T) {
 	}
 }
 
+func TestCPUKernelsCappedByEnvironment(t *testing.T) {
+	t.Setenv("FLASHATTN_CPU_ISA", "generic")
+	ctx := cpuContext(t)
+	k, err := ctx.CPUKernels()
+	if err != nil || k != CPUKernelsGeneric || CPUKernelsName(k) != "generic" {
+		t.Errorf("CPUKernels under FLASHATTN_CPU_ISA=generic: %v (%s) %v", k, CPUKernelsName(k), err)
+	}
+	if name := CPUKernelsName(CPUKernelsAMX); name != "amx" {
+		t.Errorf("CPUKernelsName(CPUKernelsAMX) = %q", name)
+	}
+	if name := CPUKernelsName(CPUKernels(42)); name != "CPUKernels(42)" {
+		t.Errorf("CPUKernelsName(42) = %q", name)
+	}
+}
+
 func TestContextAccessors(t *testing.T) {
 	ctx := cpuContext(t)
 	if b, err := ctx.Backend(); err != nil || b != CPU {
@@ -307,6 +322,9 @@ func TestContextAccessors(t *testing.T) {
 	}
 	if err := ctx.SetNumThreads(1); err != nil {
 		t.Error(err)
+	}
+	if k, err := ctx.CPUKernels(); err != nil || k < CPUKernelsGeneric || k > CPUKernelsAMX {
+		t.Errorf("CPUKernels: %v %v", k, err)
 	}
 	if err := ctx.SetStream(0x1234); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "a CPU context takes no stream") {
 		t.Errorf("SetStream: %v", err)

@@ -99,6 +99,7 @@ FLASHATTN_HANDLE_OUT(flashattn_buffer_t)
 FLASHATTN_SCALAR_OUT(int, PyLong_FromLong)
 FLASHATTN_SCALAR_OUT(size_t, PyLong_FromSize_t)
 FLASHATTN_SCALAR_OUT(flashattn_backend_t, PyLong_FromLong)
+FLASHATTN_SCALAR_OUT(flashattn_cpu_kernels_t, PyLong_FromLong)
 FLASHATTN_SCALAR_OUT(void *, PyLong_FromVoidPtr)
 
 /* ---- addresses: Python ints (None is NULL) ---- */

@@ -107,6 +107,17 @@ typedef enum flashattn_backend {
   FLASHATTN_BACKEND_CUDA = 2
 } flashattn_backend_t;
 
+/* The kernel copies of the CPU backend, one per instruction set
+ * (flashattn_context_get_cpu_kernels). */
+typedef enum flashattn_cpu_kernels {
+  FLASHATTN_CPU_KERNELS_NONE = 0,       /* not a CPU context */
+  FLASHATTN_CPU_KERNELS_GENERIC = 1,    /* the target's baseline (x86-64: SSE2) */
+  FLASHATTN_CPU_KERNELS_AVX2 = 2,       /* AVX2 + FMA */
+  FLASHATTN_CPU_KERNELS_AVX512 = 3,     /* AVX-512 F/VL/BW/DQ */
+  FLASHATTN_CPU_KERNELS_AVX512BF16 = 4, /* AVX-512 BF16: bf16 products on vdpbf16ps pairs */
+  FLASHATTN_CPU_KERNELS_AMX = 5         /* AMX-BF16: bf16 products on tiles */
+} flashattn_cpu_kernels_t;
+
 typedef enum flashattn_algorithm {
   FLASHATTN_ALGORITHM_FLASH = 0,   /* tiled, online softmax, memory linear in seqlen (default) */
   FLASHATTN_ALGORITHM_STANDARD = 1 /* S = QK^T and P = softmax(S) materialized: the baseline */
@@ -186,6 +197,17 @@ FLASHATTN_API flashattn_status_t flashattn_context_get_backend(flashattn_backend
  * \retval FLASHATTN_SUCCESS
  * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL */
 FLASHATTN_API flashattn_status_t flashattn_context_get_device(int *out, flashattn_context_t ctx);
+
+/* The kernel copy a CPU context computes with, chosen for this CPU when the context was created:
+ * AMX (where the OS grants the tile state), AVX512BF16 (AMD CPUs with AVX-512 BF16, which issue
+ * vdpbf16ps at the FMA's rate), AVX512, AVX2 or GENERIC; the environment variable
+ * FLASHATTN_CPU_ISA (generic, avx2, avx512, avx512bf16 or amx), read at creation, caps it.
+ * FLASHATTN_CPU_KERNELS_NONE for a CUDA context. Two copies may differ in the last bits of a
+ * bf16 or fp16 result; one copy computes the same bits on every run.
+ * \retval FLASHATTN_SUCCESS
+ * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL */
+FLASHATTN_API flashattn_status_t flashattn_context_get_cpu_kernels(flashattn_cpu_kernels_t *out,
+                                                                   flashattn_context_t ctx);
 
 /* Makes later work on a CUDA context run on `stream` (a cudaStream_t of the context's device,
  * owned by the caller, who keeps it alive while the context uses it); NULL returns to the

@@ -444,6 +444,14 @@ FLASHATTN_API flashattn_status_t flashattn_context_get_device(int* out, flashatt
   });
 }
 
+FLASHATTN_API flashattn_status_t flashattn_context_get_cpu_kernels(flashattn_cpu_kernels_t* out,
+                                                                   flashattn_context_t ctx) {
+  return guarded(__func__, [&] {
+    require_out(out);
+    *out = state_of(ctx).backend->cpu_kernels();
+  });
+}
+
 FLASHATTN_API flashattn_status_t flashattn_context_set_stream(flashattn_context_t ctx,
                                                               void* stream) {
   return guarded(__func__, [&] {

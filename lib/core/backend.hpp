@@ -16,6 +16,8 @@ class Backend {
 
   virtual flashattn_backend_t kind() const = 0;
   virtual int device() const = 0;  // CUDA ordinal, -1 for the CPU
+  // The CPU kernel copy the backend runs (NONE where it runs none).
+  virtual flashattn_cpu_kernels_t cpu_kernels() const { return FLASHATTN_CPU_KERNELS_NONE; }
 
   // Throws Error(FLASHATTN_ERROR_UNSUPPORTED, why) when the problem cannot run here.
   virtual void check_supported(const Problem& p, bool backward) const = 0;

@@ -42,6 +42,12 @@ int isa_rank(const char* name) {
   return 99;  // unknown: no limit
 }
 
+// The API's value for a kernel copy: GENERIC up to AMX in isa_rank's order.
+flashattn_cpu_kernels_t kernels_kind(const char* isa) {
+  static_assert(FLASHATTN_CPU_KERNELS_AMX - FLASHATTN_CPU_KERNELS_GENERIC == 4, "isa_rank's order");
+  return static_cast<flashattn_cpu_kernels_t>(FLASHATTN_CPU_KERNELS_GENERIC + isa_rank(isa));
+}
+
 // Whether this CPU issues vdpbf16ps at the rate of its fp32 FMA, so that bf16 pairs do twice
 // the multiply-adds (AMD Zen 4 and 5, docs/perf/cpu-2026-12-02-zen4.md and -zen5.md); an
 // Emerald Rapids Xeon issued it at a quarter of that rate (cpu-2026-12-02.md), where the fp32
@@ -165,6 +171,7 @@ class CpuBackend final : public Backend {
 
   flashattn_backend_t kind() const override { return FLASHATTN_BACKEND_CPU; }
   int device() const override { return -1; }
+  flashattn_cpu_kernels_t cpu_kernels() const override { return kernels_kind(kernels_.isa); }
 
   void check_supported(const Problem& p, bool) const override {
     if (p.dtype != DType::F32 && p.dtype != DType::F16 && p.dtype != DType::BF16) {

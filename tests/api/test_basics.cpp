@@ -179,6 +179,10 @@ TEST_SUITE("context") {
     int device = 42;
     EXPECT_OK(flashattn_context_get_device(&device, ctx));
     CHECK(device == -1);
+    flashattn_cpu_kernels_t kernels = FLASHATTN_CPU_KERNELS_NONE;
+    EXPECT_OK(flashattn_context_get_cpu_kernels(&kernels, ctx));
+    CHECK(kernels >= FLASHATTN_CPU_KERNELS_GENERIC);
+    CHECK(kernels <= FLASHATTN_CPU_KERNELS_AMX);
     void* stream = &device;
     EXPECT_OK(flashattn_context_get_stream(&stream, ctx));
     CHECK(stream == nullptr);
@@ -212,6 +216,12 @@ TEST_SUITE("context") {
     EXPECT_STATUS(flashattn_context_get_device(&device, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT,
                   "ctx is NULL");
     CHECK(device == 42);
+    flashattn_cpu_kernels_t kernels = FLASHATTN_CPU_KERNELS_AVX2;
+    EXPECT_STATUS(flashattn_context_get_cpu_kernels(nullptr, ctx), FLASHATTN_ERROR_INVALID_ARGUMENT,
+                  "flashattn_context_get_cpu_kernels: out is NULL");
+    EXPECT_STATUS(flashattn_context_get_cpu_kernels(&kernels, nullptr),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+    CHECK(kernels == FLASHATTN_CPU_KERNELS_AVX2);
     void* stream = &device;
     EXPECT_STATUS(flashattn_context_get_stream(nullptr, ctx), FLASHATTN_ERROR_INVALID_ARGUMENT,
                   "out is NULL");

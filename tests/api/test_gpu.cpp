@@ -100,6 +100,9 @@ TEST_SUITE("gpu") {
     int device = -5;
     EXPECT_OK(flashattn_context_get_device(&device, ctx));
     CHECK(device == 0);
+    flashattn_cpu_kernels_t kernels = FLASHATTN_CPU_KERNELS_AMX;
+    EXPECT_OK(flashattn_context_get_cpu_kernels(&kernels, ctx));
+    CHECK(kernels == FLASHATTN_CPU_KERNELS_NONE);
     void* stream = nullptr;
     EXPECT_OK(flashattn_context_get_stream(&stream, ctx));
     CHECK(stream != nullptr);  // the context's own non-blocking stream

@@ -2,11 +2,13 @@
 // count), workspace sizes and caller-owned workspaces, every instruction-set copy, host buffers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu/harness.hpp"
@@ -40,6 +42,19 @@ size_t workspace(flashattn_context_t ctx, flashattn_dtype_t dtype, int64_t nq, i
       flashattn_last_error());
   return bytes;
 }
+
+// The copy of the kernels a context created now takes.
+flashattn_cpu_kernels_t kernels_of_new_context() {
+  flashattn_context_t ctx = nullptr;
+  REQUIRE(flashattn_context_create(&ctx, FLASHATTN_BACKEND_CPU, 0) == FLASHATTN_SUCCESS);
+  flashattn_cpu_kernels_t kernels = FLASHATTN_CPU_KERNELS_NONE;
+  CHECK(flashattn_context_get_cpu_kernels(&kernels, ctx) == FLASHATTN_SUCCESS);
+  flashattn_context_destroy(ctx);
+  return kernels;
+}
+
+// FLASHATTN_CPU_ISA's names of the copies, in flashattn_cpu_kernels_t's order from GENERIC.
+constexpr const char* kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
 
 // Sets FLASHATTN_CPU_ISA for the contexts created in its scope.
 struct IsaLimit {
@@ -151,6 +166,35 @@ TEST_SUITE("cpu_options") {
       CHECK(flashattn_forward(ctx.get(), &q, &k, &v, &ov, &lv, &o, ws.data(), bytes - 1) ==
             FLASHATTN_ERROR_WORKSPACE_TOO_SMALL);
     }
+  }
+
+  TEST_CASE("a context says which copy it took: the best there is, at most FLASHATTN_CPU_ISA's") {
+    // A limit inherited from the caller's environment would cap `best`; set aside meanwhile.
+    const char* inherited = std::getenv("FLASHATTN_CPU_ISA");
+    const std::string kept = inherited != nullptr ? inherited : "";
+    unsetenv("FLASHATTN_CPU_ISA");
+    const flashattn_cpu_kernels_t best = kernels_of_new_context();
+    REQUIRE(best >= FLASHATTN_CPU_KERNELS_GENERIC);
+    REQUIRE(best <= FLASHATTN_CPU_KERNELS_AMX);
+    const std::string best_name = kIsaNames[best - FLASHATTN_CPU_KERNELS_GENERIC];
+    MESSAGE("this machine's CPU kernels: ", best_name);
+    // A CI step that knows what the build and machine must pick says so (25-amx-emulated).
+    if (const char* expect = std::getenv("FLASHATTN_TEST_EXPECT_CPU_KERNELS")) {
+      CHECK(best_name == expect);
+    }
+    for (int rank = 0; rank < 5; ++rank) {
+      IsaLimit limit(kIsaNames[rank]);
+      INFO("FLASHATTN_CPU_ISA=", kIsaNames[rank]);
+      const auto capped =
+          static_cast<flashattn_cpu_kernels_t>(FLASHATTN_CPU_KERNELS_GENERIC + rank);
+      // The limit where the machine has that copy, else the best the machine has.
+      CHECK(kernels_of_new_context() == std::min(capped, best));
+    }
+    {
+      IsaLimit limit("no-such-isa");  // an unknown name sets no limit
+      CHECK(kernels_of_new_context() == best);
+    }
+    if (inherited != nullptr) setenv("FLASHATTN_CPU_ISA", kept.c_str(), 1);
   }
 
   TEST_CASE("every instruction-set copy of the kernels is right") {

@@ -42,51 +42,51 @@ typedef _gostring_ swig_type_12;
 typedef _gostring_ swig_type_13;
 typedef _gostring_ swig_type_14;
 typedef _gostring_ swig_type_15;
-typedef long long swig_type_16;
-typedef _gostring_ swig_type_17;
+typedef _gostring_ swig_type_16;
+typedef long long swig_type_17;
 typedef _gostring_ swig_type_18;
-typedef long long swig_type_19;
-typedef _goslice_ swig_type_20;
-typedef _gostring_ swig_type_21;
-typedef long long swig_type_22;
-typedef _goslice_ swig_type_23;
-typedef _gostring_ swig_type_24;
+typedef _gostring_ swig_type_19;
+typedef long long swig_type_20;
+typedef _goslice_ swig_type_21;
+typedef _gostring_ swig_type_22;
+typedef long long swig_type_23;
+typedef _goslice_ swig_type_24;
 typedef _gostring_ swig_type_25;
 typedef _gostring_ swig_type_26;
-typedef long long swig_type_27;
+typedef _gostring_ swig_type_27;
 typedef long long swig_type_28;
 typedef long long swig_type_29;
 typedef long long swig_type_30;
-typedef _gostring_ swig_type_31;
-typedef long long swig_type_32;
+typedef long long swig_type_31;
+typedef _gostring_ swig_type_32;
 typedef long long swig_type_33;
 typedef long long swig_type_34;
-typedef _gostring_ swig_type_35;
-typedef long long swig_type_36;
-typedef _gostring_ swig_type_37;
+typedef long long swig_type_35;
+typedef _gostring_ swig_type_36;
+typedef long long swig_type_37;
 typedef _gostring_ swig_type_38;
 typedef _gostring_ swig_type_39;
-typedef long long swig_type_40;
-typedef _gostring_ swig_type_41;
-typedef long long swig_type_42;
-typedef _gostring_ swig_type_43;
-typedef long long swig_type_44;
-typedef _gostring_ swig_type_45;
+typedef _gostring_ swig_type_40;
+typedef long long swig_type_41;
+typedef _gostring_ swig_type_42;
+typedef long long swig_type_43;
+typedef _gostring_ swig_type_44;
+typedef long long swig_type_45;
 typedef _gostring_ swig_type_46;
 typedef _gostring_ swig_type_47;
-typedef long long swig_type_48;
-typedef _gostring_ swig_type_49;
-typedef long long swig_type_50;
-typedef _gostring_ swig_type_51;
-typedef long long swig_type_52;
-typedef _gostring_ swig_type_53;
+typedef _gostring_ swig_type_48;
+typedef long long swig_type_49;
+typedef _gostring_ swig_type_50;
+typedef long long swig_type_51;
+typedef _gostring_ swig_type_52;
+typedef long long swig_type_53;
 typedef _gostring_ swig_type_54;
-typedef long long swig_type_55;
-typedef _gostring_ swig_type_56;
+typedef _gostring_ swig_type_55;
+typedef long long swig_type_56;
 typedef _gostring_ swig_type_57;
-typedef long long swig_type_58;
-typedef _gostring_ swig_type_59;
-typedef long long swig_type_60;
+typedef _gostring_ swig_type_58;
+typedef long long swig_type_59;
+typedef _gostring_ swig_type_60;
 typedef long long swig_type_61;
 typedef long long swig_type_62;
 typedef long long swig_type_63;
@@ -135,121 +135,129 @@ typedef long long swig_type_105;
 typedef long long swig_type_106;
 typedef long long swig_type_107;
 typedef long long swig_type_108;
-extern void _wrap_Swig_free_capi_ba42f20286642dff(uintptr_t arg1);
-extern uintptr_t _wrap_Swig_malloc_capi_ba42f20286642dff(swig_intgo arg1);
-extern swig_intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_SUCCESS_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_DTYPE_INT32_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_BACKEND_CPU_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_flashattn_version_number_capi_ba42f20286642dff(void);
-extern swig_type_1 _wrap_flashattn_version_string_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_flashattn_has_cuda_capi_ba42f20286642dff(void);
-extern swig_type_2 _wrap_flashattn_status_string_capi_ba42f20286642dff(swig_intgo arg1);
-extern swig_type_3 _wrap_flashattn_last_error_capi_ba42f20286642dff(void);
-extern swig_type_4 _wrap_flashattn_last_error_r_capi_ba42f20286642dff(swig_type_5 arg1);
-extern swig_type_6 _wrap_flashattn_cuda_device_count_capi_ba42f20286642dff(swig_voidp arg1);
-extern swig_type_7 _wrap_flashattn_context_create_capi_ba42f20286642dff(swig_voidp arg1, swig_intgo arg2, swig_intgo arg3);
-extern swig_type_8 _wrap_flashattn_context_destroy_capi_ba42f20286642dff(uintptr_t arg1);
-extern swig_type_9 _wrap_flashattn_context_get_backend_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2);
-extern swig_type_10 _wrap_flashattn_context_get_device_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2);
-extern swig_type_11 _wrap_flashattn_context_set_stream_capi_ba42f20286642dff(uintptr_t arg1, uintptr_t arg2);
-extern swig_type_12 _wrap_flashattn_context_get_stream_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2);
-extern swig_type_13 _wrap_flashattn_context_set_num_threads_capi_ba42f20286642dff(uintptr_t arg1, swig_intgo arg2);
-extern swig_type_14 _wrap_flashattn_context_synchronize_capi_ba42f20286642dff(uintptr_t arg1);
-extern swig_type_15 _wrap_flashattn_buffer_create_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_type_16 arg3);
-extern swig_type_17 _wrap_flashattn_buffer_destroy_capi_ba42f20286642dff(uintptr_t arg1);
-extern swig_type_18 _wrap_flashattn_buffer_write_capi_ba42f20286642dff(uintptr_t arg1, swig_type_19 arg2, swig_type_20 arg3);
-extern swig_type_21 _wrap_flashattn_buffer_read_capi_ba42f20286642dff(uintptr_t arg1, swig_type_22 arg2, swig_type_23 arg3);
-extern swig_type_24 _wrap_flashattn_buffer_data_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2);
-extern swig_type_25 _wrap_flashattn_buffer_size_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2);
-extern swig_type_26 _wrap_flashattn_tensor_4d_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_intgo arg3, swig_type_27 arg4, swig_type_28 arg5, swig_type_29 arg6, swig_type_30 arg7);
-extern swig_type_31 _wrap_flashattn_tensor_lse_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_type_32 arg3, swig_type_33 arg4, swig_type_34 arg5);
-extern swig_type_35 _wrap_flashattn_options_init_sized_capi_ba42f20286642dff(swig_voidp arg1, swig_type_36 arg2);
-extern swig_type_37 _wrap_flashattn_supported_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_intgo arg6);
-extern swig_type_38 _wrap_flashattn_workspace_size_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_intgo arg7);
-extern swig_type_39 _wrap_flashattn_forward_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8, swig_type_40 arg9);
-extern swig_type_41 _wrap_flashattn_backward_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, uintptr_t arg12, swig_type_42 arg13);
-extern swig_type_43 _wrap_flashattn_args_init_sized_capi_ba42f20286642dff(swig_voidp arg1, swig_type_44 arg2);
-extern swig_type_45 _wrap_flashattn_supported_ex_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_intgo arg3);
-extern swig_type_46 _wrap_flashattn_workspace_size_ex_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_intgo arg4);
-extern swig_type_47 _wrap_flashattn_forward_ex_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_48 arg4);
-extern swig_type_49 _wrap_flashattn_backward_ex_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_50 arg4);
-extern swig_type_51 _wrap_flashattn_merge_args_init_sized_capi_ba42f20286642dff(swig_voidp arg1, swig_type_52 arg2);
-extern swig_type_53 _wrap_flashattn_merge_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2);
-extern swig_intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_ba42f20286642dff(void);
-extern swig_intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_ba42f20286642dff(void);
-extern swig_type_54 _wrap_flashattn_cp_args_init_sized_capi_ba42f20286642dff(swig_voidp arg1, swig_type_55 arg2);
-extern swig_type_56 _wrap_flashattn_cp_workspace_size_capi_ba42f20286642dff(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_intgo arg5);
-extern swig_type_57 _wrap_flashattn_cp_forward_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, uintptr_t arg4, swig_type_58 arg5);
-extern swig_type_59 _wrap_flashattn_cp_backward_capi_ba42f20286642dff(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, uintptr_t arg4, swig_type_60 arg5);
-extern swig_type_61 _wrap_SizeofTensor_capi_ba42f20286642dff(void);
-extern swig_type_62 _wrap_OffsetofTensorDtype_capi_ba42f20286642dff(void);
-extern swig_type_63 _wrap_OffsetofTensorRank_capi_ba42f20286642dff(void);
-extern swig_type_64 _wrap_OffsetofTensorShape_capi_ba42f20286642dff(void);
-extern swig_type_65 _wrap_OffsetofTensorStrides_capi_ba42f20286642dff(void);
-extern swig_type_66 _wrap_SizeofOptions_capi_ba42f20286642dff(void);
-extern swig_type_67 _wrap_OffsetofOptionsSoftmaxScale_capi_ba42f20286642dff(void);
-extern swig_type_68 _wrap_OffsetofOptionsCausal_capi_ba42f20286642dff(void);
-extern swig_type_69 _wrap_OffsetofOptionsAlgorithm_capi_ba42f20286642dff(void);
-extern swig_type_70 _wrap_OffsetofOptionsDeterministic_capi_ba42f20286642dff(void);
-extern swig_type_71 _wrap_OffsetofOptionsWindow_capi_ba42f20286642dff(void);
-extern swig_type_72 _wrap_OffsetofOptionsWindowLeft_capi_ba42f20286642dff(void);
-extern swig_type_73 _wrap_OffsetofOptionsWindowRight_capi_ba42f20286642dff(void);
-extern swig_type_74 _wrap_OffsetofOptionsSoftcap_capi_ba42f20286642dff(void);
-extern swig_type_75 _wrap_OffsetofOptionsNumSplits_capi_ba42f20286642dff(void);
-extern swig_type_76 _wrap_SizeofArgs_capi_ba42f20286642dff(void);
-extern swig_type_77 _wrap_OffsetofArgsOptions_capi_ba42f20286642dff(void);
-extern swig_type_78 _wrap_OffsetofArgsQ_capi_ba42f20286642dff(void);
-extern swig_type_79 _wrap_OffsetofArgsDv_capi_ba42f20286642dff(void);
-extern swig_type_80 _wrap_OffsetofArgsAlibiSlopes_capi_ba42f20286642dff(void);
-extern swig_type_81 _wrap_OffsetofArgsSinks_capi_ba42f20286642dff(void);
-extern swig_type_82 _wrap_OffsetofArgsDsinks_capi_ba42f20286642dff(void);
-extern swig_type_83 _wrap_OffsetofArgsCuSeqlensQ_capi_ba42f20286642dff(void);
-extern swig_type_84 _wrap_OffsetofArgsCuSeqlensK_capi_ba42f20286642dff(void);
-extern swig_type_85 _wrap_OffsetofArgsMaxSeqlenQ_capi_ba42f20286642dff(void);
-extern swig_type_86 _wrap_OffsetofArgsMaxSeqlenK_capi_ba42f20286642dff(void);
-extern swig_type_87 _wrap_OffsetofArgsCacheSeqlens_capi_ba42f20286642dff(void);
-extern swig_type_88 _wrap_OffsetofArgsBlockTable_capi_ba42f20286642dff(void);
-extern swig_type_89 _wrap_OffsetofArgsKNew_capi_ba42f20286642dff(void);
-extern swig_type_90 _wrap_OffsetofArgsVNew_capi_ba42f20286642dff(void);
-extern swig_type_91 _wrap_OffsetofArgsRotaryCos_capi_ba42f20286642dff(void);
-extern swig_type_92 _wrap_OffsetofArgsRotarySin_capi_ba42f20286642dff(void);
-extern swig_type_93 _wrap_OffsetofArgsRotaryInterleaved_capi_ba42f20286642dff(void);
-extern swig_type_94 _wrap_SizeofMergeArgs_capi_ba42f20286642dff(void);
-extern swig_type_95 _wrap_OffsetofMergeArgsNumParts_capi_ba42f20286642dff(void);
-extern swig_type_96 _wrap_OffsetofMergeArgsPartsOut_capi_ba42f20286642dff(void);
-extern swig_type_97 _wrap_OffsetofMergeArgsPartsOutStride_capi_ba42f20286642dff(void);
-extern swig_type_98 _wrap_OffsetofMergeArgsPartsLse_capi_ba42f20286642dff(void);
-extern swig_type_99 _wrap_OffsetofMergeArgsPartsLseStride_capi_ba42f20286642dff(void);
-extern swig_type_100 _wrap_OffsetofMergeArgsOut_capi_ba42f20286642dff(void);
-extern swig_type_101 _wrap_OffsetofMergeArgsLse_capi_ba42f20286642dff(void);
-extern swig_type_102 _wrap_SizeofCpArgs_capi_ba42f20286642dff(void);
-extern swig_type_103 _wrap_OffsetofCpArgsRanks_capi_ba42f20286642dff(void);
-extern swig_type_104 _wrap_OffsetofCpArgsRank_capi_ba42f20286642dff(void);
-extern swig_type_105 _wrap_OffsetofCpArgsLayout_capi_ba42f20286642dff(void);
-extern swig_type_106 _wrap_OffsetofCpArgsNcclComm_capi_ba42f20286642dff(void);
-extern swig_type_107 _wrap_OffsetofCpArgsExchange_capi_ba42f20286642dff(void);
-extern swig_type_108 _wrap_OffsetofCpArgsExchangeUser_capi_ba42f20286642dff(void);
+typedef long long swig_type_109;
+extern void _wrap_Swig_free_capi_78c2e081ce0d68a7(uintptr_t arg1);
+extern uintptr_t _wrap_Swig_malloc_capi_78c2e081ce0d68a7(swig_intgo arg1);
+extern swig_intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_SUCCESS_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_DTYPE_INT32_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_BACKEND_CPU_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_NONE_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_GENERIC_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_AVX2_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_AVX512_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_AVX512BF16_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CPU_KERNELS_AMX_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_flashattn_version_number_capi_78c2e081ce0d68a7(void);
+extern swig_type_1 _wrap_flashattn_version_string_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_flashattn_has_cuda_capi_78c2e081ce0d68a7(void);
+extern swig_type_2 _wrap_flashattn_status_string_capi_78c2e081ce0d68a7(swig_intgo arg1);
+extern swig_type_3 _wrap_flashattn_last_error_capi_78c2e081ce0d68a7(void);
+extern swig_type_4 _wrap_flashattn_last_error_r_capi_78c2e081ce0d68a7(swig_type_5 arg1);
+extern swig_type_6 _wrap_flashattn_cuda_device_count_capi_78c2e081ce0d68a7(swig_voidp arg1);
+extern swig_type_7 _wrap_flashattn_context_create_capi_78c2e081ce0d68a7(swig_voidp arg1, swig_intgo arg2, swig_intgo arg3);
+extern swig_type_8 _wrap_flashattn_context_destroy_capi_78c2e081ce0d68a7(uintptr_t arg1);
+extern swig_type_9 _wrap_flashattn_context_get_backend_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_10 _wrap_flashattn_context_get_device_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_11 _wrap_flashattn_context_get_cpu_kernels_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_12 _wrap_flashattn_context_set_stream_capi_78c2e081ce0d68a7(uintptr_t arg1, uintptr_t arg2);
+extern swig_type_13 _wrap_flashattn_context_get_stream_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_14 _wrap_flashattn_context_set_num_threads_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_intgo arg2);
+extern swig_type_15 _wrap_flashattn_context_synchronize_capi_78c2e081ce0d68a7(uintptr_t arg1);
+extern swig_type_16 _wrap_flashattn_buffer_create_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_type_17 arg3);
+extern swig_type_18 _wrap_flashattn_buffer_destroy_capi_78c2e081ce0d68a7(uintptr_t arg1);
+extern swig_type_19 _wrap_flashattn_buffer_write_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_type_20 arg2, swig_type_21 arg3);
+extern swig_type_22 _wrap_flashattn_buffer_read_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_type_23 arg2, swig_type_24 arg3);
+extern swig_type_25 _wrap_flashattn_buffer_data_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_26 _wrap_flashattn_buffer_size_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2);
+extern swig_type_27 _wrap_flashattn_tensor_4d_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_intgo arg3, swig_type_28 arg4, swig_type_29 arg5, swig_type_30 arg6, swig_type_31 arg7);
+extern swig_type_32 _wrap_flashattn_tensor_lse_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_type_33 arg3, swig_type_34 arg4, swig_type_35 arg5);
+extern swig_type_36 _wrap_flashattn_options_init_sized_capi_78c2e081ce0d68a7(swig_voidp arg1, swig_type_37 arg2);
+extern swig_type_38 _wrap_flashattn_supported_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_intgo arg6);
+extern swig_type_39 _wrap_flashattn_workspace_size_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_intgo arg7);
+extern swig_type_40 _wrap_flashattn_forward_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, uintptr_t arg8, swig_type_41 arg9);
+extern swig_type_42 _wrap_flashattn_backward_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, uintptr_t arg12, swig_type_43 arg13);
+extern swig_type_44 _wrap_flashattn_args_init_sized_capi_78c2e081ce0d68a7(swig_voidp arg1, swig_type_45 arg2);
+extern swig_type_46 _wrap_flashattn_supported_ex_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_intgo arg3);
+extern swig_type_47 _wrap_flashattn_workspace_size_ex_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_intgo arg4);
+extern swig_type_48 _wrap_flashattn_forward_ex_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_49 arg4);
+extern swig_type_50 _wrap_flashattn_backward_ex_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, uintptr_t arg3, swig_type_51 arg4);
+extern swig_type_52 _wrap_flashattn_merge_args_init_sized_capi_78c2e081ce0d68a7(swig_voidp arg1, swig_type_53 arg2);
+extern swig_type_54 _wrap_flashattn_merge_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2);
+extern swig_intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_78c2e081ce0d68a7(void);
+extern swig_intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_78c2e081ce0d68a7(void);
+extern swig_type_55 _wrap_flashattn_cp_args_init_sized_capi_78c2e081ce0d68a7(swig_voidp arg1, swig_type_56 arg2);
+extern swig_type_57 _wrap_flashattn_cp_workspace_size_capi_78c2e081ce0d68a7(swig_voidp arg1, uintptr_t arg2, swig_voidp arg3, swig_voidp arg4, swig_intgo arg5);
+extern swig_type_58 _wrap_flashattn_cp_forward_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, uintptr_t arg4, swig_type_59 arg5);
+extern swig_type_60 _wrap_flashattn_cp_backward_capi_78c2e081ce0d68a7(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, uintptr_t arg4, swig_type_61 arg5);
+extern swig_type_62 _wrap_SizeofTensor_capi_78c2e081ce0d68a7(void);
+extern swig_type_63 _wrap_OffsetofTensorDtype_capi_78c2e081ce0d68a7(void);
+extern swig_type_64 _wrap_OffsetofTensorRank_capi_78c2e081ce0d68a7(void);
+extern swig_type_65 _wrap_OffsetofTensorShape_capi_78c2e081ce0d68a7(void);
+extern swig_type_66 _wrap_OffsetofTensorStrides_capi_78c2e081ce0d68a7(void);
+extern swig_type_67 _wrap_SizeofOptions_capi_78c2e081ce0d68a7(void);
+extern swig_type_68 _wrap_OffsetofOptionsSoftmaxScale_capi_78c2e081ce0d68a7(void);
+extern swig_type_69 _wrap_OffsetofOptionsCausal_capi_78c2e081ce0d68a7(void);
+extern swig_type_70 _wrap_OffsetofOptionsAlgorithm_capi_78c2e081ce0d68a7(void);
+extern swig_type_71 _wrap_OffsetofOptionsDeterministic_capi_78c2e081ce0d68a7(void);
+extern swig_type_72 _wrap_OffsetofOptionsWindow_capi_78c2e081ce0d68a7(void);
+extern swig_type_73 _wrap_OffsetofOptionsWindowLeft_capi_78c2e081ce0d68a7(void);
+extern swig_type_74 _wrap_OffsetofOptionsWindowRight_capi_78c2e081ce0d68a7(void);
+extern swig_type_75 _wrap_OffsetofOptionsSoftcap_capi_78c2e081ce0d68a7(void);
+extern swig_type_76 _wrap_OffsetofOptionsNumSplits_capi_78c2e081ce0d68a7(void);
+extern swig_type_77 _wrap_SizeofArgs_capi_78c2e081ce0d68a7(void);
+extern swig_type_78 _wrap_OffsetofArgsOptions_capi_78c2e081ce0d68a7(void);
+extern swig_type_79 _wrap_OffsetofArgsQ_capi_78c2e081ce0d68a7(void);
+extern swig_type_80 _wrap_OffsetofArgsDv_capi_78c2e081ce0d68a7(void);
+extern swig_type_81 _wrap_OffsetofArgsAlibiSlopes_capi_78c2e081ce0d68a7(void);
+extern swig_type_82 _wrap_OffsetofArgsSinks_capi_78c2e081ce0d68a7(void);
+extern swig_type_83 _wrap_OffsetofArgsDsinks_capi_78c2e081ce0d68a7(void);
+extern swig_type_84 _wrap_OffsetofArgsCuSeqlensQ_capi_78c2e081ce0d68a7(void);
+extern swig_type_85 _wrap_OffsetofArgsCuSeqlensK_capi_78c2e081ce0d68a7(void);
+extern swig_type_86 _wrap_OffsetofArgsMaxSeqlenQ_capi_78c2e081ce0d68a7(void);
+extern swig_type_87 _wrap_OffsetofArgsMaxSeqlenK_capi_78c2e081ce0d68a7(void);
+extern swig_type_88 _wrap_OffsetofArgsCacheSeqlens_capi_78c2e081ce0d68a7(void);
+extern swig_type_89 _wrap_OffsetofArgsBlockTable_capi_78c2e081ce0d68a7(void);
+extern swig_type_90 _wrap_OffsetofArgsKNew_capi_78c2e081ce0d68a7(void);
+extern swig_type_91 _wrap_OffsetofArgsVNew_capi_78c2e081ce0d68a7(void);
+extern swig_type_92 _wrap_OffsetofArgsRotaryCos_capi_78c2e081ce0d68a7(void);
+extern swig_type_93 _wrap_OffsetofArgsRotarySin_capi_78c2e081ce0d68a7(void);
+extern swig_type_94 _wrap_OffsetofArgsRotaryInterleaved_capi_78c2e081ce0d68a7(void);
+extern swig_type_95 _wrap_SizeofMergeArgs_capi_78c2e081ce0d68a7(void);
+extern swig_type_96 _wrap_OffsetofMergeArgsNumParts_capi_78c2e081ce0d68a7(void);
+extern swig_type_97 _wrap_OffsetofMergeArgsPartsOut_capi_78c2e081ce0d68a7(void);
+extern swig_type_98 _wrap_OffsetofMergeArgsPartsOutStride_capi_78c2e081ce0d68a7(void);
+extern swig_type_99 _wrap_OffsetofMergeArgsPartsLse_capi_78c2e081ce0d68a7(void);
+extern swig_type_100 _wrap_OffsetofMergeArgsPartsLseStride_capi_78c2e081ce0d68a7(void);
+extern swig_type_101 _wrap_OffsetofMergeArgsOut_capi_78c2e081ce0d68a7(void);
+extern swig_type_102 _wrap_OffsetofMergeArgsLse_capi_78c2e081ce0d68a7(void);
+extern swig_type_103 _wrap_SizeofCpArgs_capi_78c2e081ce0d68a7(void);
+extern swig_type_104 _wrap_OffsetofCpArgsRanks_capi_78c2e081ce0d68a7(void);
+extern swig_type_105 _wrap_OffsetofCpArgsRank_capi_78c2e081ce0d68a7(void);
+extern swig_type_106 _wrap_OffsetofCpArgsLayout_capi_78c2e081ce0d68a7(void);
+extern swig_type_107 _wrap_OffsetofCpArgsNcclComm_capi_78c2e081ce0d68a7(void);
+extern swig_type_108 _wrap_OffsetofCpArgsExchange_capi_78c2e081ce0d68a7(void);
+extern swig_type_109 _wrap_OffsetofCpArgsExchangeUser_capi_78c2e081ce0d68a7(void);
 #undef intgo
 */
 import "C"
@@ -292,13 +300,13 @@ func swigCopyString(s string) string {
 
 func Swig_free(arg1 uintptr) {
 	_swig_i_0 := arg1
-	C._wrap_Swig_free_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0))
+	C._wrap_Swig_free_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0))
 }
 
 func Swig_malloc(arg1 int) (_swig_ret uintptr) {
 	var swig_r uintptr
 	_swig_i_0 := arg1
-	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_ba42f20286642dff(C.swig_intgo(_swig_i_0)))
+	swig_r = (uintptr)(C._wrap_Swig_malloc_capi_78c2e081ce0d68a7(C.swig_intgo(_swig_i_0)))
 	return swig_r
 }
 
@@ -308,7 +316,7 @@ const FLASHATTN_VERSION_PATCH int = 0
 const FLASHATTN_VERSION_STRING string = "0.1.0"
 func _swig_getFLASHATTN_VERSION_NUMBER() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_FLASHATTN_VERSION_NUMBER_capi_ba42f20286642dff())
+	swig_r = (int)(C._wrap_FLASHATTN_VERSION_NUMBER_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
@@ -316,98 +324,98 @@ var FLASHATTN_VERSION_NUMBER int = _swig_getFLASHATTN_VERSION_NUMBER()
 type Enum_SS_flashattn_status int
 func _swig_getFLASHATTN_SUCCESS() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_SUCCESS_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_SUCCESS_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_SUCCESS Enum_SS_flashattn_status = _swig_getFLASHATTN_SUCCESS()
 func _swig_getFLASHATTN_ERROR_INVALID_ARGUMENT() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_INVALID_ARGUMENT Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_INVALID_ARGUMENT()
 func _swig_getFLASHATTN_ERROR_INVALID_SHAPE() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_INVALID_SHAPE Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_INVALID_SHAPE()
 func _swig_getFLASHATTN_ERROR_INVALID_DTYPE() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_INVALID_DTYPE Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_INVALID_DTYPE()
 func _swig_getFLASHATTN_ERROR_INVALID_STRIDE() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_INVALID_STRIDE Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_INVALID_STRIDE()
 func _swig_getFLASHATTN_ERROR_INVALID_MEMORY() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_INVALID_MEMORY Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_INVALID_MEMORY()
 func _swig_getFLASHATTN_ERROR_WORKSPACE_TOO_SMALL() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_WORKSPACE_TOO_SMALL Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_WORKSPACE_TOO_SMALL()
 func _swig_getFLASHATTN_ERROR_CONTEXT_BUSY() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_CONTEXT_BUSY Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_CONTEXT_BUSY()
 func _swig_getFLASHATTN_ERROR_UNSUPPORTED() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_UNSUPPORTED Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_UNSUPPORTED()
 func _swig_getFLASHATTN_ERROR_BACKEND_UNAVAILABLE() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_BACKEND_UNAVAILABLE Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_BACKEND_UNAVAILABLE()
 func _swig_getFLASHATTN_ERROR_OUT_OF_MEMORY() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_OUT_OF_MEMORY Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_OUT_OF_MEMORY()
 func _swig_getFLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY()
 func _swig_getFLASHATTN_ERROR_DEVICE() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_DEVICE_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_DEVICE_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ERROR_DEVICE Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR_DEVICE()
 func _swig_getFLASHATTN_ERROR_INTERNAL() (_swig_ret Enum_SS_flashattn_status) {
 	var swig_r Enum_SS_flashattn_status
-	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INTERNAL_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_status)(C._wrap_FLASHATTN_ERROR_INTERNAL_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
@@ -415,28 +423,28 @@ var FLASHATTN_ERROR_INTERNAL Enum_SS_flashattn_status = _swig_getFLASHATTN_ERROR
 type Enum_SS_flashattn_dtype int
 func _swig_getFLASHATTN_DTYPE_FLOAT32() (_swig_ret Enum_SS_flashattn_dtype) {
 	var swig_r Enum_SS_flashattn_dtype
-	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_FLOAT32_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_FLOAT32_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_DTYPE_FLOAT32 Enum_SS_flashattn_dtype = _swig_getFLASHATTN_DTYPE_FLOAT32()
 func _swig_getFLASHATTN_DTYPE_FLOAT16() (_swig_ret Enum_SS_flashattn_dtype) {
 	var swig_r Enum_SS_flashattn_dtype
-	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_FLOAT16_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_FLOAT16_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_DTYPE_FLOAT16 Enum_SS_flashattn_dtype = _swig_getFLASHATTN_DTYPE_FLOAT16()
 func _swig_getFLASHATTN_DTYPE_BFLOAT16() (_swig_ret Enum_SS_flashattn_dtype) {
 	var swig_r Enum_SS_flashattn_dtype
-	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_BFLOAT16_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_BFLOAT16_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_DTYPE_BFLOAT16 Enum_SS_flashattn_dtype = _swig_getFLASHATTN_DTYPE_BFLOAT16()
 func _swig_getFLASHATTN_DTYPE_INT32() (_swig_ret Enum_SS_flashattn_dtype) {
 	var swig_r Enum_SS_flashattn_dtype
-	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_INT32_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_dtype)(C._wrap_FLASHATTN_DTYPE_INT32_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
@@ -444,49 +452,92 @@ var FLASHATTN_DTYPE_INT32 Enum_SS_flashattn_dtype = _swig_getFLASHATTN_DTYPE_INT
 type Enum_SS_flashattn_backend int
 func _swig_getFLASHATTN_BACKEND_AUTO() (_swig_ret Enum_SS_flashattn_backend) {
 	var swig_r Enum_SS_flashattn_backend
-	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_AUTO_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_AUTO_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_BACKEND_AUTO Enum_SS_flashattn_backend = _swig_getFLASHATTN_BACKEND_AUTO()
 func _swig_getFLASHATTN_BACKEND_CPU() (_swig_ret Enum_SS_flashattn_backend) {
 	var swig_r Enum_SS_flashattn_backend
-	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_CPU_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_CPU_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_BACKEND_CPU Enum_SS_flashattn_backend = _swig_getFLASHATTN_BACKEND_CPU()
 func _swig_getFLASHATTN_BACKEND_CUDA() (_swig_ret Enum_SS_flashattn_backend) {
 	var swig_r Enum_SS_flashattn_backend
-	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_CUDA_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_backend)(C._wrap_FLASHATTN_BACKEND_CUDA_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_BACKEND_CUDA Enum_SS_flashattn_backend = _swig_getFLASHATTN_BACKEND_CUDA()
+type Enum_SS_flashattn_cpu_kernels int
+func _swig_getFLASHATTN_CPU_KERNELS_NONE() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_NONE_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_NONE Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_NONE()
+func _swig_getFLASHATTN_CPU_KERNELS_GENERIC() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_GENERIC_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_GENERIC Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_GENERIC()
+func _swig_getFLASHATTN_CPU_KERNELS_AVX2() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_AVX2_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_AVX2 Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_AVX2()
+func _swig_getFLASHATTN_CPU_KERNELS_AVX512() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_AVX512_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_AVX512 Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_AVX512()
+func _swig_getFLASHATTN_CPU_KERNELS_AVX512BF16() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_AVX512BF16_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_AVX512BF16 Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_AVX512BF16()
+func _swig_getFLASHATTN_CPU_KERNELS_AMX() (_swig_ret Enum_SS_flashattn_cpu_kernels) {
+	var swig_r Enum_SS_flashattn_cpu_kernels
+	swig_r = (Enum_SS_flashattn_cpu_kernels)(C._wrap_FLASHATTN_CPU_KERNELS_AMX_capi_78c2e081ce0d68a7())
+	return swig_r
+}
+
+var FLASHATTN_CPU_KERNELS_AMX Enum_SS_flashattn_cpu_kernels = _swig_getFLASHATTN_CPU_KERNELS_AMX()
 type Enum_SS_flashattn_algorithm int
 func _swig_getFLASHATTN_ALGORITHM_FLASH() (_swig_ret Enum_SS_flashattn_algorithm) {
 	var swig_r Enum_SS_flashattn_algorithm
-	swig_r = (Enum_SS_flashattn_algorithm)(C._wrap_FLASHATTN_ALGORITHM_FLASH_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_algorithm)(C._wrap_FLASHATTN_ALGORITHM_FLASH_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ALGORITHM_FLASH Enum_SS_flashattn_algorithm = _swig_getFLASHATTN_ALGORITHM_FLASH()
 func _swig_getFLASHATTN_ALGORITHM_STANDARD() (_swig_ret Enum_SS_flashattn_algorithm) {
 	var swig_r Enum_SS_flashattn_algorithm
-	swig_r = (Enum_SS_flashattn_algorithm)(C._wrap_FLASHATTN_ALGORITHM_STANDARD_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_algorithm)(C._wrap_FLASHATTN_ALGORITHM_STANDARD_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_ALGORITHM_STANDARD Enum_SS_flashattn_algorithm = _swig_getFLASHATTN_ALGORITHM_STANDARD()
 func Flashattn_version_number() (_swig_ret uint) {
 	var swig_r uint
-	swig_r = (uint)(C._wrap_flashattn_version_number_capi_ba42f20286642dff())
+	swig_r = (uint)(C._wrap_flashattn_version_number_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 func Flashattn_version_string() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_flashattn_version_string_capi_ba42f20286642dff()
+	swig_r_p := C._wrap_flashattn_version_string_capi_78c2e081ce0d68a7()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
  swig_r_1 = swigCopyString(swig_r) 
@@ -495,7 +546,7 @@ func Flashattn_version_string() (_swig_ret string) {
 
 func Flashattn_has_cuda() (_swig_ret int) {
 	var swig_r int
-	swig_r = (int)(C._wrap_flashattn_has_cuda_capi_ba42f20286642dff())
+	swig_r = (int)(C._wrap_flashattn_has_cuda_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
@@ -503,7 +554,7 @@ func Flashattn_status_string(arg1 Status) (_swig_ret string) {
 	var swig_r string
 	var _swig_i_0 int
 _swig_i_0 = int(arg1)
-	swig_r_p := C._wrap_flashattn_status_string_capi_ba42f20286642dff(C.swig_intgo(_swig_i_0))
+	swig_r_p := C._wrap_flashattn_status_string_capi_78c2e081ce0d68a7(C.swig_intgo(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
  swig_r_1 = swigCopyString(swig_r) 
@@ -512,7 +563,7 @@ _swig_i_0 = int(arg1)
 
 func Flashattn_last_error() (_swig_ret string) {
 	var swig_r string
-	swig_r_p := C._wrap_flashattn_last_error_capi_ba42f20286642dff()
+	swig_r_p := C._wrap_flashattn_last_error_capi_78c2e081ce0d68a7()
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 string
  swig_r_1 = swigCopyString(swig_r) 
@@ -522,7 +573,7 @@ func Flashattn_last_error() (_swig_ret string) {
 func Flashattn_last_error_r(arg1 []byte) (_swig_ret int64) {
 	var swig_r int64
 	_swig_i_0 := arg1
-	swig_r = (int64)(C._wrap_flashattn_last_error_r_capi_ba42f20286642dff(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0))))
+	swig_r = (int64)(C._wrap_flashattn_last_error_r_capi_78c2e081ce0d68a7(*(*C.swig_type_5)(unsafe.Pointer(&_swig_i_0))))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg1
 	}
@@ -533,7 +584,7 @@ func Flashattn_cuda_device_count(arg1 *int32) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
-	swig_r_p := C._wrap_flashattn_cuda_device_count_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0))
+	swig_r_p := C._wrap_flashattn_cuda_device_count_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -547,7 +598,7 @@ _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 int
 _swig_i_1 = int(arg2)
 	_swig_i_2 := arg3
-	swig_r_p := C._wrap_flashattn_context_create_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2))
+	swig_r_p := C._wrap_flashattn_context_create_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_intgo(_swig_i_2))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -558,7 +609,7 @@ func Flashattn_context_destroy(arg1 Context) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 uintptr
 _swig_i_0 = uintptr(arg1)
-	swig_r_p := C._wrap_flashattn_context_destroy_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_flashattn_context_destroy_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -571,7 +622,7 @@ func Flashattn_context_get_backend(arg1 *Backend, arg2 Context) (_swig_ret error
 _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
-	swig_r_p := C._wrap_flashattn_context_get_backend_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_context_get_backend_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -584,7 +635,20 @@ func Flashattn_context_get_device(arg1 *int32, arg2 Context) (_swig_ret error) {
 _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
-	swig_r_p := C._wrap_flashattn_context_get_device_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_context_get_device_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
+	var swig_r_1 error
+ swig_r_1 = statusError(swigCopyString(swig_r)) 
+	return swig_r_1
+}
+
+func Flashattn_context_get_cpu_kernels(arg1 *CPUKernels, arg2 Context) (_swig_ret error) {
+	var swig_r string
+	var _swig_i_0 unsafe.Pointer
+_swig_i_0 = unsafe.Pointer(arg1)
+	var _swig_i_1 uintptr
+_swig_i_1 = uintptr(arg2)
+	swig_r_p := C._wrap_flashattn_context_get_cpu_kernels_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -596,7 +660,7 @@ func Flashattn_context_set_stream(arg1 Context, arg2 uintptr) (_swig_ret error) 
 	var _swig_i_0 uintptr
 _swig_i_0 = uintptr(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_context_set_stream_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_context_set_stream_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -609,7 +673,7 @@ func Flashattn_context_get_stream(arg1 *uintptr, arg2 Context) (_swig_ret error)
 _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
-	swig_r_p := C._wrap_flashattn_context_get_stream_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_context_get_stream_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -621,7 +685,7 @@ func Flashattn_context_set_num_threads(arg1 Context, arg2 int) (_swig_ret error)
 	var _swig_i_0 uintptr
 _swig_i_0 = uintptr(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_context_set_num_threads_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_context_set_num_threads_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -632,7 +696,7 @@ func Flashattn_context_synchronize(arg1 Context) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 uintptr
 _swig_i_0 = uintptr(arg1)
-	swig_r_p := C._wrap_flashattn_context_synchronize_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_flashattn_context_synchronize_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -646,7 +710,7 @@ _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
 	_swig_i_2 := arg3
-	swig_r_p := C._wrap_flashattn_buffer_create_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_16(_swig_i_2))
+	swig_r_p := C._wrap_flashattn_buffer_create_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_17(_swig_i_2))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -657,7 +721,7 @@ func Flashattn_buffer_destroy(arg1 Buffer) (_swig_ret error) {
 	var swig_r string
 	var _swig_i_0 uintptr
 _swig_i_0 = uintptr(arg1)
-	swig_r_p := C._wrap_flashattn_buffer_destroy_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0))
+	swig_r_p := C._wrap_flashattn_buffer_destroy_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -670,7 +734,7 @@ func Flashattn_buffer_write(arg1 Buffer, arg2 int64, arg3 []byte) (_swig_ret err
 _swig_i_0 = uintptr(arg1)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r_p := C._wrap_flashattn_buffer_write_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_type_19(_swig_i_1), *(*C.swig_type_20)(unsafe.Pointer(&_swig_i_2)))
+	swig_r_p := C._wrap_flashattn_buffer_write_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_type_20(_swig_i_1), *(*C.swig_type_21)(unsafe.Pointer(&_swig_i_2)))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -686,7 +750,7 @@ func Flashattn_buffer_read(arg1 Buffer, arg2 int64, arg3 []byte) (_swig_ret erro
 _swig_i_0 = uintptr(arg1)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r_p := C._wrap_flashattn_buffer_read_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_type_22(_swig_i_1), *(*C.swig_type_23)(unsafe.Pointer(&_swig_i_2)))
+	swig_r_p := C._wrap_flashattn_buffer_read_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_type_23(_swig_i_1), *(*C.swig_type_24)(unsafe.Pointer(&_swig_i_2)))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg3
@@ -702,7 +766,7 @@ func Flashattn_buffer_data(arg1 *uintptr, arg2 Buffer) (_swig_ret error) {
 _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
-	swig_r_p := C._wrap_flashattn_buffer_data_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_buffer_data_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -715,7 +779,7 @@ func Flashattn_buffer_size(arg1 *uint64, arg2 Buffer) (_swig_ret error) {
 _swig_i_0 = unsafe.Pointer(arg1)
 	var _swig_i_1 uintptr
 _swig_i_1 = uintptr(arg2)
-	swig_r_p := C._wrap_flashattn_buffer_size_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_buffer_size_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -734,7 +798,7 @@ _swig_i_2 = int(arg3)
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r_p := C._wrap_flashattn_tensor_4d_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_type_27(_swig_i_3), C.swig_type_28(_swig_i_4), C.swig_type_29(_swig_i_5), C.swig_type_30(_swig_i_6))
+	swig_r_p := C._wrap_flashattn_tensor_4d_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_type_28(_swig_i_3), C.swig_type_29(_swig_i_4), C.swig_type_30(_swig_i_5), C.swig_type_31(_swig_i_6))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -749,7 +813,7 @@ _swig_i_0 = unsafe.Pointer(arg1)
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r_p := C._wrap_flashattn_tensor_lse_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_32(_swig_i_2), C.swig_type_33(_swig_i_3), C.swig_type_34(_swig_i_4))
+	swig_r_p := C._wrap_flashattn_tensor_lse_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_33(_swig_i_2), C.swig_type_34(_swig_i_3), C.swig_type_35(_swig_i_4))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -762,7 +826,7 @@ func Flashattn_options_init_sized(arg1 *Options, arg2 int64) (_swig_ret error) {
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_options_init_sized_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.swig_type_36(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_options_init_sized_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.swig_type_37(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -782,7 +846,7 @@ _swig_i_3 = unsafe.Pointer(arg4)
 	var _swig_i_4 unsafe.Pointer
 _swig_i_4 = unsafe.Pointer(arg5)
 	_swig_i_5 := arg6
-	swig_r_p := C._wrap_flashattn_supported_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_intgo(_swig_i_5))
+	swig_r_p := C._wrap_flashattn_supported_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_intgo(_swig_i_5))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -804,7 +868,7 @@ _swig_i_4 = unsafe.Pointer(arg5)
 	var _swig_i_5 unsafe.Pointer
 _swig_i_5 = unsafe.Pointer(arg6)
 	_swig_i_6 := arg7
-	swig_r_p := C._wrap_flashattn_workspace_size_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_intgo(_swig_i_6))
+	swig_r_p := C._wrap_flashattn_workspace_size_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_intgo(_swig_i_6))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -829,7 +893,7 @@ _swig_i_5 = unsafe.Pointer(arg6)
 _swig_i_6 = unsafe.Pointer(arg7)
 	_swig_i_7 := arg8
 	_swig_i_8 := arg9
-	swig_r_p := C._wrap_flashattn_forward_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_type_40(_swig_i_8))
+	swig_r_p := C._wrap_flashattn_forward_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.uintptr_t(_swig_i_7), C.swig_type_41(_swig_i_8))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -862,7 +926,7 @@ _swig_i_9 = unsafe.Pointer(arg10)
 _swig_i_10 = unsafe.Pointer(arg11)
 	_swig_i_11 := arg12
 	_swig_i_12 := arg13
-	swig_r_p := C._wrap_flashattn_backward_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.swig_voidp(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_voidp(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11), C.swig_type_42(_swig_i_12))
+	swig_r_p := C._wrap_flashattn_backward_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.swig_voidp(_swig_i_7), C.swig_voidp(_swig_i_8), C.swig_voidp(_swig_i_9), C.swig_voidp(_swig_i_10), C.uintptr_t(_swig_i_11), C.swig_type_43(_swig_i_12))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -874,7 +938,7 @@ func Flashattn_args_init_sized(arg1 *Args, arg2 int64) (_swig_ret error) {
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_args_init_sized_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.swig_type_44(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_args_init_sized_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.swig_type_45(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -888,7 +952,7 @@ _swig_i_0 = uintptr(arg1)
 	var _swig_i_1 unsafe.Pointer
 _swig_i_1 = unsafe.Pointer(arg2)
 	_swig_i_2 := arg3
-	swig_r_p := C._wrap_flashattn_supported_ex_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_intgo(_swig_i_2))
+	swig_r_p := C._wrap_flashattn_supported_ex_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_intgo(_swig_i_2))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -904,7 +968,7 @@ _swig_i_1 = uintptr(arg2)
 	var _swig_i_2 unsafe.Pointer
 _swig_i_2 = unsafe.Pointer(arg3)
 	_swig_i_3 := arg4
-	swig_r_p := C._wrap_flashattn_workspace_size_ex_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_intgo(_swig_i_3))
+	swig_r_p := C._wrap_flashattn_workspace_size_ex_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_intgo(_swig_i_3))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -919,7 +983,7 @@ _swig_i_0 = uintptr(arg1)
 _swig_i_1 = unsafe.Pointer(arg2)
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r_p := C._wrap_flashattn_forward_ex_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_48(_swig_i_3))
+	swig_r_p := C._wrap_flashattn_forward_ex_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_49(_swig_i_3))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -934,7 +998,7 @@ _swig_i_0 = uintptr(arg1)
 _swig_i_1 = unsafe.Pointer(arg2)
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r_p := C._wrap_flashattn_backward_ex_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_50(_swig_i_3))
+	swig_r_p := C._wrap_flashattn_backward_ex_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_51(_swig_i_3))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -946,7 +1010,7 @@ func Flashattn_merge_args_init_sized(arg1 *MergeArgs, arg2 int64) (_swig_ret err
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_merge_args_init_sized_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.swig_type_52(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_merge_args_init_sized_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.swig_type_53(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -959,7 +1023,7 @@ func Flashattn_merge(arg1 Context, arg2 *MergeArgs) (_swig_ret error) {
 _swig_i_0 = uintptr(arg1)
 	var _swig_i_1 unsafe.Pointer
 _swig_i_1 = unsafe.Pointer(arg2)
-	swig_r_p := C._wrap_flashattn_merge_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_merge_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -969,14 +1033,14 @@ _swig_i_1 = unsafe.Pointer(arg2)
 type Enum_SS_flashattn_cp_layout int
 func _swig_getFLASHATTN_CP_LAYOUT_CONTIGUOUS() (_swig_ret Enum_SS_flashattn_cp_layout) {
 	var swig_r Enum_SS_flashattn_cp_layout
-	swig_r = (Enum_SS_flashattn_cp_layout)(C._wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_cp_layout)(C._wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var FLASHATTN_CP_LAYOUT_CONTIGUOUS Enum_SS_flashattn_cp_layout = _swig_getFLASHATTN_CP_LAYOUT_CONTIGUOUS()
 func _swig_getFLASHATTN_CP_LAYOUT_ZIGZAG() (_swig_ret Enum_SS_flashattn_cp_layout) {
 	var swig_r Enum_SS_flashattn_cp_layout
-	swig_r = (Enum_SS_flashattn_cp_layout)(C._wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_ba42f20286642dff())
+	swig_r = (Enum_SS_flashattn_cp_layout)(C._wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
@@ -986,7 +1050,7 @@ func Flashattn_cp_args_init_sized(arg1 *CpArgs, arg2 int64) (_swig_ret error) {
 	var _swig_i_0 unsafe.Pointer
 _swig_i_0 = unsafe.Pointer(arg1)
 	_swig_i_1 := arg2
-	swig_r_p := C._wrap_flashattn_cp_args_init_sized_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.swig_type_55(_swig_i_1))
+	swig_r_p := C._wrap_flashattn_cp_args_init_sized_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.swig_type_56(_swig_i_1))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -1004,7 +1068,7 @@ _swig_i_2 = unsafe.Pointer(arg3)
 	var _swig_i_3 unsafe.Pointer
 _swig_i_3 = unsafe.Pointer(arg4)
 	_swig_i_4 := arg5
-	swig_r_p := C._wrap_flashattn_cp_workspace_size_capi_ba42f20286642dff(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_intgo(_swig_i_4))
+	swig_r_p := C._wrap_flashattn_cp_workspace_size_capi_78c2e081ce0d68a7(C.swig_voidp(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_intgo(_swig_i_4))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -1021,7 +1085,7 @@ _swig_i_1 = unsafe.Pointer(arg2)
 _swig_i_2 = unsafe.Pointer(arg3)
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r_p := C._wrap_flashattn_cp_forward_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_58(_swig_i_4))
+	swig_r_p := C._wrap_flashattn_cp_forward_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_59(_swig_i_4))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -1038,7 +1102,7 @@ _swig_i_1 = unsafe.Pointer(arg2)
 _swig_i_2 = unsafe.Pointer(arg3)
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r_p := C._wrap_flashattn_cp_backward_capi_ba42f20286642dff(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_60(_swig_i_4))
+	swig_r_p := C._wrap_flashattn_cp_backward_capi_78c2e081ce0d68a7(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1), C.swig_voidp(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_61(_swig_i_4))
 	swig_r = *(*string)(unsafe.Pointer(&swig_r_p))
 	var swig_r_1 error
  swig_r_1 = statusError(swigCopyString(swig_r)) 
@@ -1047,336 +1111,336 @@ _swig_i_2 = unsafe.Pointer(arg3)
 
 func _swig_getSizeofTensor() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_SizeofTensor_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_SizeofTensor_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var SizeofTensor int64 = _swig_getSizeofTensor()
 func _swig_getOffsetofTensorDtype() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofTensorDtype_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofTensorDtype_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofTensorDtype int64 = _swig_getOffsetofTensorDtype()
 func _swig_getOffsetofTensorRank() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofTensorRank_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofTensorRank_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofTensorRank int64 = _swig_getOffsetofTensorRank()
 func _swig_getOffsetofTensorShape() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofTensorShape_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofTensorShape_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofTensorShape int64 = _swig_getOffsetofTensorShape()
 func _swig_getOffsetofTensorStrides() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofTensorStrides_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofTensorStrides_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofTensorStrides int64 = _swig_getOffsetofTensorStrides()
 func _swig_getSizeofOptions() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_SizeofOptions_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_SizeofOptions_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var SizeofOptions int64 = _swig_getSizeofOptions()
 func _swig_getOffsetofOptionsSoftmaxScale() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsSoftmaxScale_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsSoftmaxScale_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsSoftmaxScale int64 = _swig_getOffsetofOptionsSoftmaxScale()
 func _swig_getOffsetofOptionsCausal() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsCausal_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsCausal_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsCausal int64 = _swig_getOffsetofOptionsCausal()
 func _swig_getOffsetofOptionsAlgorithm() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsAlgorithm_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsAlgorithm_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsAlgorithm int64 = _swig_getOffsetofOptionsAlgorithm()
 func _swig_getOffsetofOptionsDeterministic() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsDeterministic_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsDeterministic_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsDeterministic int64 = _swig_getOffsetofOptionsDeterministic()
 func _swig_getOffsetofOptionsWindow() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsWindow_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsWindow_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsWindow int64 = _swig_getOffsetofOptionsWindow()
 func _swig_getOffsetofOptionsWindowLeft() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsWindowLeft_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsWindowLeft_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsWindowLeft int64 = _swig_getOffsetofOptionsWindowLeft()
 func _swig_getOffsetofOptionsWindowRight() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsWindowRight_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsWindowRight_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsWindowRight int64 = _swig_getOffsetofOptionsWindowRight()
 func _swig_getOffsetofOptionsSoftcap() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsSoftcap_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsSoftcap_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsSoftcap int64 = _swig_getOffsetofOptionsSoftcap()
 func _swig_getOffsetofOptionsNumSplits() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofOptionsNumSplits_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofOptionsNumSplits_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofOptionsNumSplits int64 = _swig_getOffsetofOptionsNumSplits()
 func _swig_getSizeofArgs() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_SizeofArgs_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_SizeofArgs_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var SizeofArgs int64 = _swig_getSizeofArgs()
 func _swig_getOffsetofArgsOptions() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsOptions_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsOptions_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsOptions int64 = _swig_getOffsetofArgsOptions()
 func _swig_getOffsetofArgsQ() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsQ_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsQ_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsQ int64 = _swig_getOffsetofArgsQ()
 func _swig_getOffsetofArgsDv() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsDv_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsDv_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsDv int64 = _swig_getOffsetofArgsDv()
 func _swig_getOffsetofArgsAlibiSlopes() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsAlibiSlopes_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsAlibiSlopes_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsAlibiSlopes int64 = _swig_getOffsetofArgsAlibiSlopes()
 func _swig_getOffsetofArgsSinks() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsSinks_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsSinks_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsSinks int64 = _swig_getOffsetofArgsSinks()
 func _swig_getOffsetofArgsDsinks() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsDsinks_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsDsinks_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsDsinks int64 = _swig_getOffsetofArgsDsinks()
 func _swig_getOffsetofArgsCuSeqlensQ() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsCuSeqlensQ_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsCuSeqlensQ_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsCuSeqlensQ int64 = _swig_getOffsetofArgsCuSeqlensQ()
 func _swig_getOffsetofArgsCuSeqlensK() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsCuSeqlensK_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsCuSeqlensK_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsCuSeqlensK int64 = _swig_getOffsetofArgsCuSeqlensK()
 func _swig_getOffsetofArgsMaxSeqlenQ() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsMaxSeqlenQ_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsMaxSeqlenQ_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsMaxSeqlenQ int64 = _swig_getOffsetofArgsMaxSeqlenQ()
 func _swig_getOffsetofArgsMaxSeqlenK() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsMaxSeqlenK_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsMaxSeqlenK_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsMaxSeqlenK int64 = _swig_getOffsetofArgsMaxSeqlenK()
 func _swig_getOffsetofArgsCacheSeqlens() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsCacheSeqlens_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsCacheSeqlens_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsCacheSeqlens int64 = _swig_getOffsetofArgsCacheSeqlens()
 func _swig_getOffsetofArgsBlockTable() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsBlockTable_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsBlockTable_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsBlockTable int64 = _swig_getOffsetofArgsBlockTable()
 func _swig_getOffsetofArgsKNew() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsKNew_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsKNew_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsKNew int64 = _swig_getOffsetofArgsKNew()
 func _swig_getOffsetofArgsVNew() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsVNew_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsVNew_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsVNew int64 = _swig_getOffsetofArgsVNew()
 func _swig_getOffsetofArgsRotaryCos() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsRotaryCos_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsRotaryCos_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsRotaryCos int64 = _swig_getOffsetofArgsRotaryCos()
 func _swig_getOffsetofArgsRotarySin() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsRotarySin_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsRotarySin_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsRotarySin int64 = _swig_getOffsetofArgsRotarySin()
 func _swig_getOffsetofArgsRotaryInterleaved() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofArgsRotaryInterleaved_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofArgsRotaryInterleaved_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofArgsRotaryInterleaved int64 = _swig_getOffsetofArgsRotaryInterleaved()
 func _swig_getSizeofMergeArgs() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_SizeofMergeArgs_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_SizeofMergeArgs_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var SizeofMergeArgs int64 = _swig_getSizeofMergeArgs()
 func _swig_getOffsetofMergeArgsNumParts() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsNumParts_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsNumParts_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsNumParts int64 = _swig_getOffsetofMergeArgsNumParts()
 func _swig_getOffsetofMergeArgsPartsOut() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsOut_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsOut_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsPartsOut int64 = _swig_getOffsetofMergeArgsPartsOut()
 func _swig_getOffsetofMergeArgsPartsOutStride() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsOutStride_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsOutStride_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsPartsOutStride int64 = _swig_getOffsetofMergeArgsPartsOutStride()
 func _swig_getOffsetofMergeArgsPartsLse() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsLse_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsLse_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsPartsLse int64 = _swig_getOffsetofMergeArgsPartsLse()
 func _swig_getOffsetofMergeArgsPartsLseStride() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsLseStride_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsPartsLseStride_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsPartsLseStride int64 = _swig_getOffsetofMergeArgsPartsLseStride()
 func _swig_getOffsetofMergeArgsOut() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsOut_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsOut_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsOut int64 = _swig_getOffsetofMergeArgsOut()
 func _swig_getOffsetofMergeArgsLse() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofMergeArgsLse_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofMergeArgsLse_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofMergeArgsLse int64 = _swig_getOffsetofMergeArgsLse()
 func _swig_getSizeofCpArgs() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_SizeofCpArgs_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_SizeofCpArgs_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var SizeofCpArgs int64 = _swig_getSizeofCpArgs()
 func _swig_getOffsetofCpArgsRanks() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsRanks_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsRanks_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofCpArgsRanks int64 = _swig_getOffsetofCpArgsRanks()
 func _swig_getOffsetofCpArgsRank() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsRank_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsRank_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofCpArgsRank int64 = _swig_getOffsetofCpArgsRank()
 func _swig_getOffsetofCpArgsLayout() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsLayout_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsLayout_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofCpArgsLayout int64 = _swig_getOffsetofCpArgsLayout()
 func _swig_getOffsetofCpArgsNcclComm() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsNcclComm_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsNcclComm_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofCpArgsNcclComm int64 = _swig_getOffsetofCpArgsNcclComm()
 func _swig_getOffsetofCpArgsExchange() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsExchange_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsExchange_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 
 var OffsetofCpArgsExchange int64 = _swig_getOffsetofCpArgsExchange()
 func _swig_getOffsetofCpArgsExchangeUser() (_swig_ret int64) {
 	var swig_r int64
-	swig_r = (int64)(C._wrap_OffsetofCpArgsExchangeUser_capi_ba42f20286642dff())
+	swig_r = (int64)(C._wrap_OffsetofCpArgsExchangeUser_capi_78c2e081ce0d68a7())
 	return swig_r
 }
 

@@ -58,6 +58,7 @@
 %typemap(in) CTYPE %{ $1 = (CTYPE)$input; %}
 %enddef
 FLASHATTN_GO_ENUM(flashattn_backend_t, Backend)
+FLASHATTN_GO_ENUM(flashattn_cpu_kernels_t, CPUKernels)
 FLASHATTN_GO_ENUM(flashattn_dtype_t, DType)
 
 /* ---- handles ---- */
@@ -80,6 +81,7 @@ FLASHATTN_GO_HANDLE(flashattn_buffer_t, Buffer)
 FLASHATTN_GO_POINTER(flashattn_context_t *out, *Context)
 FLASHATTN_GO_POINTER(flashattn_buffer_t *out, *Buffer)
 FLASHATTN_GO_POINTER(flashattn_backend_t *out, *Backend)
+FLASHATTN_GO_POINTER(flashattn_cpu_kernels_t *out, *CPUKernels)
 FLASHATTN_GO_POINTER(int *out, *int32)
 FLASHATTN_GO_POINTER(size_t *out, *uint64)
 FLASHATTN_GO_POINTER(void **out, *uintptr)

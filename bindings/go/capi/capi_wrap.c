@@ -199,7 +199,7 @@ static void* Swig_malloc(int c) {
 extern "C" {
 #endif
 
-void _wrap_Swig_free_capi_ba42f20286642dff(void *_swig_go_0) {
+void _wrap_Swig_free_capi_78c2e081ce0d68a7(void *_swig_go_0) {
   void *arg1 = (void *) 0 ;
   
   arg1 = *(void **)&_swig_go_0; 
@@ -209,7 +209,7 @@ void _wrap_Swig_free_capi_ba42f20286642dff(void *_swig_go_0) {
 }
 
 
-void *_wrap_Swig_malloc_capi_ba42f20286642dff(intgo _swig_go_0) {
+void *_wrap_Swig_malloc_capi_78c2e081ce0d68a7(intgo _swig_go_0) {
   int arg1 ;
   void *result = 0 ;
   void *_swig_go_result;
@@ -222,7 +222,7 @@ void *_wrap_Swig_malloc_capi_ba42f20286642dff(intgo _swig_go_0) {
 }
 
 
-intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_78c2e081ce0d68a7() {
   int result;
   intgo _swig_go_result;
   
@@ -233,7 +233,7 @@ intgo _wrap_FLASHATTN_VERSION_NUMBER_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_SUCCESS_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_SUCCESS_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -250,7 +250,7 @@ intgo _wrap_FLASHATTN_SUCCESS_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -267,7 +267,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_ARGUMENT_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -284,7 +284,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_SHAPE_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -301,7 +301,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_DTYPE_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -318,7 +318,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_STRIDE_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -335,7 +335,7 @@ intgo _wrap_FLASHATTN_ERROR_INVALID_MEMORY_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -352,7 +352,7 @@ intgo _wrap_FLASHATTN_ERROR_WORKSPACE_TOO_SMALL_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -369,7 +369,7 @@ intgo _wrap_FLASHATTN_ERROR_CONTEXT_BUSY_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -386,7 +386,7 @@ intgo _wrap_FLASHATTN_ERROR_UNSUPPORTED_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -403,7 +403,7 @@ intgo _wrap_FLASHATTN_ERROR_BACKEND_UNAVAILABLE_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -420,7 +420,7 @@ intgo _wrap_FLASHATTN_ERROR_OUT_OF_MEMORY_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -437,7 +437,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_OUT_OF_MEMORY_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -454,7 +454,7 @@ intgo _wrap_FLASHATTN_ERROR_DEVICE_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_78c2e081ce0d68a7() {
   enum flashattn_status result;
   intgo _swig_go_result;
   
@@ -471,7 +471,7 @@ intgo _wrap_FLASHATTN_ERROR_INTERNAL_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_78c2e081ce0d68a7() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -488,7 +488,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT32_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_78c2e081ce0d68a7() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -505,7 +505,7 @@ intgo _wrap_FLASHATTN_DTYPE_FLOAT16_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_78c2e081ce0d68a7() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -522,7 +522,7 @@ intgo _wrap_FLASHATTN_DTYPE_BFLOAT16_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_DTYPE_INT32_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_DTYPE_INT32_capi_78c2e081ce0d68a7() {
   enum flashattn_dtype result;
   intgo _swig_go_result;
   
@@ -539,7 +539,7 @@ intgo _wrap_FLASHATTN_DTYPE_INT32_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_78c2e081ce0d68a7() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -556,7 +556,7 @@ intgo _wrap_FLASHATTN_BACKEND_AUTO_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CPU_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_BACKEND_CPU_capi_78c2e081ce0d68a7() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -573,7 +573,7 @@ intgo _wrap_FLASHATTN_BACKEND_CPU_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_78c2e081ce0d68a7() {
   enum flashattn_backend result;
   intgo _swig_go_result;
   
@@ -590,7 +590,109 @@ intgo _wrap_FLASHATTN_BACKEND_CUDA_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_CPU_KERNELS_NONE_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_NONE;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CPU_KERNELS_GENERIC_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_GENERIC;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CPU_KERNELS_AVX2_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_AVX2;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CPU_KERNELS_AVX512_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_AVX512;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CPU_KERNELS_AVX512BF16_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_AVX512BF16;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_CPU_KERNELS_AMX_capi_78c2e081ce0d68a7() {
+  enum flashattn_cpu_kernels result;
+  intgo _swig_go_result;
+  
+  
+  {
+    result = FLASHATTN_CPU_KERNELS_AMX;
+    
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_78c2e081ce0d68a7() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -607,7 +709,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_FLASH_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_78c2e081ce0d68a7() {
   enum flashattn_algorithm result;
   intgo _swig_go_result;
   
@@ -624,7 +726,7 @@ intgo _wrap_FLASHATTN_ALGORITHM_STANDARD_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_flashattn_version_number_capi_ba42f20286642dff() {
+intgo _wrap_flashattn_version_number_capi_78c2e081ce0d68a7() {
   unsigned int result;
   intgo _swig_go_result;
   
@@ -635,7 +737,7 @@ intgo _wrap_flashattn_version_number_capi_ba42f20286642dff() {
 }
 
 
-_gostring_ _wrap_flashattn_version_string_capi_ba42f20286642dff() {
+_gostring_ _wrap_flashattn_version_string_capi_78c2e081ce0d68a7() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -646,7 +748,7 @@ _gostring_ _wrap_flashattn_version_string_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_flashattn_has_cuda_capi_ba42f20286642dff() {
+intgo _wrap_flashattn_has_cuda_capi_78c2e081ce0d68a7() {
   int result;
   intgo _swig_go_result;
   
@@ -657,7 +759,7 @@ intgo _wrap_flashattn_has_cuda_capi_ba42f20286642dff() {
 }
 
 
-_gostring_ _wrap_flashattn_status_string_capi_ba42f20286642dff(intgo _swig_go_0) {
+_gostring_ _wrap_flashattn_status_string_capi_78c2e081ce0d68a7(intgo _swig_go_0) {
   flashattn_status_t arg1 ;
   char *result = 0 ;
   _gostring_ _swig_go_result;
@@ -670,7 +772,7 @@ _gostring_ _wrap_flashattn_status_string_capi_ba42f20286642dff(intgo _swig_go_0)
 }
 
 
-_gostring_ _wrap_flashattn_last_error_capi_ba42f20286642dff() {
+_gostring_ _wrap_flashattn_last_error_capi_78c2e081ce0d68a7() {
   char *result = 0 ;
   _gostring_ _swig_go_result;
   
@@ -681,7 +783,7 @@ _gostring_ _wrap_flashattn_last_error_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_flashattn_last_error_r_capi_ba42f20286642dff(_goslice_ _swig_go_0) {
+long long _wrap_flashattn_last_error_r_capi_78c2e081ce0d68a7(_goslice_ _swig_go_0) {
   char *arg1 = (char *) 0 ;
   size_t arg2 ;
   size_t result;
@@ -695,7 +797,7 @@ long long _wrap_flashattn_last_error_r_capi_ba42f20286642dff(_goslice_ _swig_go_
 }
 
 
-_gostring_ _wrap_flashattn_cuda_device_count_capi_ba42f20286642dff(int *_swig_go_0) {
+_gostring_ _wrap_flashattn_cuda_device_count_capi_78c2e081ce0d68a7(int *_swig_go_0) {
   int *arg1 = (int *) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -722,7 +824,7 @@ _gostring_ _wrap_flashattn_cuda_device_count_capi_ba42f20286642dff(int *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_context_create_capi_ba42f20286642dff(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
+_gostring_ _wrap_flashattn_context_create_capi_78c2e081ce0d68a7(flashattn_context_t *_swig_go_0, intgo _swig_go_1, intgo _swig_go_2) {
   flashattn_context_t *arg1 = (flashattn_context_t *) 0 ;
   flashattn_backend_t arg2 ;
   int arg3 ;
@@ -753,7 +855,7 @@ _gostring_ _wrap_flashattn_context_create_capi_ba42f20286642dff(flashattn_contex
 }
 
 
-_gostring_ _wrap_flashattn_context_destroy_capi_ba42f20286642dff(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_destroy_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -780,7 +882,7 @@ _gostring_ _wrap_flashattn_context_destroy_capi_ba42f20286642dff(flashattn_conte
 }
 
 
-_gostring_ _wrap_flashattn_context_get_backend_capi_ba42f20286642dff(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_backend_capi_78c2e081ce0d68a7(flashattn_backend_t *_swig_go_0, flashattn_context_t _swig_go_1) {
   flashattn_backend_t *arg1 = (flashattn_backend_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -809,7 +911,7 @@ _gostring_ _wrap_flashattn_context_get_backend_capi_ba42f20286642dff(flashattn_b
 }
 
 
-_gostring_ _wrap_flashattn_context_get_device_capi_ba42f20286642dff(int *_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_device_capi_78c2e081ce0d68a7(int *_swig_go_0, flashattn_context_t _swig_go_1) {
   int *arg1 = (int *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -838,7 +940,36 @@ _gostring_ _wrap_flashattn_context_get_device_capi_ba42f20286642dff(int *_swig_g
 }
 
 
-_gostring_ _wrap_flashattn_context_set_stream_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, void *_swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_cpu_kernels_capi_78c2e081ce0d68a7(flashattn_cpu_kernels_t *_swig_go_0, flashattn_context_t _swig_go_1) {
+  flashattn_cpu_kernels_t *arg1 = (flashattn_cpu_kernels_t *) 0 ;
+  flashattn_context_t arg2 = (flashattn_context_t) 0 ;
+  flashattn_status_t result;
+  _gostring_ _swig_go_result;
+  
+  arg1 = (flashattn_cpu_kernels_t *)_swig_go_0; 
+  arg2 = (flashattn_context_t)_swig_go_1; 
+  
+  {
+    result = (flashattn_status_t)flashattn_context_get_cpu_kernels(arg1,arg2);
+    if (result != FLASHATTN_SUCCESS) {
+      FLASHATTN_SWIG_RAISE(result);
+    }
+  }
+  
+  if (result == FLASHATTN_SUCCESS) {
+    _swig_go_result = Swig_AllocateString("", 0);
+  } else {
+    /* "<status> <message>", parsed by statusError (types.go) */
+    char text[1100];
+    int n = snprintf(text, sizeof text, "%d %s", (int)result, flashattn_last_error());
+    _swig_go_result = Swig_AllocateString(text, n < 0 ? 0 : (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  }
+  
+  return _swig_go_result;
+}
+
+
+_gostring_ _wrap_flashattn_context_set_stream_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, void *_swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_status_t result;
@@ -867,7 +998,7 @@ _gostring_ _wrap_flashattn_context_set_stream_capi_ba42f20286642dff(flashattn_co
 }
 
 
-_gostring_ _wrap_flashattn_context_get_stream_capi_ba42f20286642dff(void **_swig_go_0, flashattn_context_t _swig_go_1) {
+_gostring_ _wrap_flashattn_context_get_stream_capi_78c2e081ce0d68a7(void **_swig_go_0, flashattn_context_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
@@ -896,7 +1027,7 @@ _gostring_ _wrap_flashattn_context_get_stream_capi_ba42f20286642dff(void **_swig
 }
 
 
-_gostring_ _wrap_flashattn_context_set_num_threads_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
+_gostring_ _wrap_flashattn_context_set_num_threads_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, intgo _swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   int arg2 ;
   flashattn_status_t result;
@@ -925,7 +1056,7 @@ _gostring_ _wrap_flashattn_context_set_num_threads_capi_ba42f20286642dff(flashat
 }
 
 
-_gostring_ _wrap_flashattn_context_synchronize_capi_ba42f20286642dff(flashattn_context_t _swig_go_0) {
+_gostring_ _wrap_flashattn_context_synchronize_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -952,7 +1083,7 @@ _gostring_ _wrap_flashattn_context_synchronize_capi_ba42f20286642dff(flashattn_c
 }
 
 
-_gostring_ _wrap_flashattn_buffer_create_capi_ba42f20286642dff(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_create_capi_78c2e081ce0d68a7(flashattn_buffer_t *_swig_go_0, flashattn_context_t _swig_go_1, long long _swig_go_2) {
   flashattn_buffer_t *arg1 = (flashattn_buffer_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   size_t arg3 ;
@@ -983,7 +1114,7 @@ _gostring_ _wrap_flashattn_buffer_create_capi_ba42f20286642dff(flashattn_buffer_
 }
 
 
-_gostring_ _wrap_flashattn_buffer_destroy_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0) {
+_gostring_ _wrap_flashattn_buffer_destroy_capi_78c2e081ce0d68a7(flashattn_buffer_t _swig_go_0) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
   _gostring_ _swig_go_result;
@@ -1010,7 +1141,7 @@ _gostring_ _wrap_flashattn_buffer_destroy_capi_ba42f20286642dff(flashattn_buffer
 }
 
 
-_gostring_ _wrap_flashattn_buffer_write_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_write_capi_78c2e081ce0d68a7(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1042,7 +1173,7 @@ _gostring_ _wrap_flashattn_buffer_write_capi_ba42f20286642dff(flashattn_buffer_t
 }
 
 
-_gostring_ _wrap_flashattn_buffer_read_capi_ba42f20286642dff(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
+_gostring_ _wrap_flashattn_buffer_read_capi_78c2e081ce0d68a7(flashattn_buffer_t _swig_go_0, long long _swig_go_1, _goslice_ _swig_go_2) {
   flashattn_buffer_t arg1 = (flashattn_buffer_t) 0 ;
   size_t arg2 ;
   void *arg3 = (void *) 0 ;
@@ -1074,7 +1205,7 @@ _gostring_ _wrap_flashattn_buffer_read_capi_ba42f20286642dff(flashattn_buffer_t 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_data_capi_ba42f20286642dff(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_data_capi_78c2e081ce0d68a7(void **_swig_go_0, flashattn_buffer_t _swig_go_1) {
   void **arg1 = (void **) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1103,7 +1234,7 @@ _gostring_ _wrap_flashattn_buffer_data_capi_ba42f20286642dff(void **_swig_go_0, 
 }
 
 
-_gostring_ _wrap_flashattn_buffer_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
+_gostring_ _wrap_flashattn_buffer_size_capi_78c2e081ce0d68a7(size_t *_swig_go_0, flashattn_buffer_t _swig_go_1) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_buffer_t arg2 = (flashattn_buffer_t) 0 ;
   flashattn_status_t result;
@@ -1132,7 +1263,7 @@ _gostring_ _wrap_flashattn_buffer_size_capi_ba42f20286642dff(size_t *_swig_go_0,
 }
 
 
-_gostring_ _wrap_flashattn_tensor_4d_capi_ba42f20286642dff(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
+_gostring_ _wrap_flashattn_tensor_4d_capi_78c2e081ce0d68a7(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, intgo _swig_go_2, long long _swig_go_3, long long _swig_go_4, long long _swig_go_5, long long _swig_go_6) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   flashattn_dtype_t arg3 ;
@@ -1171,7 +1302,7 @@ _gostring_ _wrap_flashattn_tensor_4d_capi_ba42f20286642dff(flashattn_tensor_t *_
 }
 
 
-_gostring_ _wrap_flashattn_tensor_lse_capi_ba42f20286642dff(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
+_gostring_ _wrap_flashattn_tensor_lse_capi_78c2e081ce0d68a7(flashattn_tensor_t *_swig_go_0, void *_swig_go_1, long long _swig_go_2, long long _swig_go_3, long long _swig_go_4) {
   flashattn_tensor_t *arg1 = (flashattn_tensor_t *) 0 ;
   void *arg2 = (void *) 0 ;
   int64_t arg3 ;
@@ -1206,7 +1337,7 @@ _gostring_ _wrap_flashattn_tensor_lse_capi_ba42f20286642dff(flashattn_tensor_t *
 }
 
 
-_gostring_ _wrap_flashattn_options_init_sized_capi_ba42f20286642dff(flashattn_options_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_options_init_sized_capi_78c2e081ce0d68a7(flashattn_options_t *_swig_go_0, long long _swig_go_1) {
   flashattn_options_t *arg1 = (flashattn_options_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1235,7 +1366,7 @@ _gostring_ _wrap_flashattn_options_init_sized_capi_ba42f20286642dff(flashattn_op
 }
 
 
-_gostring_ _wrap_flashattn_supported_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
+_gostring_ _wrap_flashattn_supported_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_options_t *_swig_go_4, intgo _swig_go_5) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1272,7 +1403,7 @@ _gostring_ _wrap_flashattn_supported_capi_ba42f20286642dff(flashattn_context_t _
 }
 
 
-_gostring_ _wrap_flashattn_workspace_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
+_gostring_ _wrap_flashattn_workspace_size_capi_78c2e081ce0d68a7(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_options_t *_swig_go_5, intgo _swig_go_6) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1311,7 +1442,7 @@ _gostring_ _wrap_flashattn_workspace_size_capi_ba42f20286642dff(size_t *_swig_go
 }
 
 
-_gostring_ _wrap_flashattn_forward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
+_gostring_ _wrap_flashattn_forward_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_options_t *_swig_go_6, void *_swig_go_7, long long _swig_go_8) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1354,7 +1485,7 @@ _gostring_ _wrap_flashattn_forward_capi_ba42f20286642dff(flashattn_context_t _sw
 }
 
 
-_gostring_ _wrap_flashattn_backward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
+_gostring_ _wrap_flashattn_backward_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_tensor_t *_swig_go_1, flashattn_tensor_t *_swig_go_2, flashattn_tensor_t *_swig_go_3, flashattn_tensor_t *_swig_go_4, flashattn_tensor_t *_swig_go_5, flashattn_tensor_t *_swig_go_6, flashattn_tensor_t *_swig_go_7, flashattn_tensor_t *_swig_go_8, flashattn_tensor_t *_swig_go_9, flashattn_options_t *_swig_go_10, void *_swig_go_11, long long _swig_go_12) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_tensor_t *arg2 = (flashattn_tensor_t *) 0 ;
   flashattn_tensor_t *arg3 = (flashattn_tensor_t *) 0 ;
@@ -1405,7 +1536,7 @@ _gostring_ _wrap_flashattn_backward_capi_ba42f20286642dff(flashattn_context_t _s
 }
 
 
-_gostring_ _wrap_flashattn_args_init_sized_capi_ba42f20286642dff(flashattn_args_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_args_init_sized_capi_78c2e081ce0d68a7(flashattn_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_args_t *arg1 = (flashattn_args_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1434,7 +1565,7 @@ _gostring_ _wrap_flashattn_args_init_sized_capi_ba42f20286642dff(flashattn_args_
 }
 
 
-_gostring_ _wrap_flashattn_supported_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, intgo _swig_go_2) {
+_gostring_ _wrap_flashattn_supported_ex_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, intgo _swig_go_2) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   int arg3 ;
@@ -1465,7 +1596,7 @@ _gostring_ _wrap_flashattn_supported_ex_capi_ba42f20286642dff(flashattn_context_
 }
 
 
-_gostring_ _wrap_flashattn_workspace_size_ex_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_args_t *_swig_go_2, intgo _swig_go_3) {
+_gostring_ _wrap_flashattn_workspace_size_ex_capi_78c2e081ce0d68a7(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_args_t *_swig_go_2, intgo _swig_go_3) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
@@ -1498,7 +1629,7 @@ _gostring_ _wrap_flashattn_workspace_size_ex_capi_ba42f20286642dff(size_t *_swig
 }
 
 
-_gostring_ _wrap_flashattn_forward_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+_gostring_ _wrap_flashattn_forward_ex_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1531,7 +1662,7 @@ _gostring_ _wrap_flashattn_forward_ex_capi_ba42f20286642dff(flashattn_context_t 
 }
 
 
-_gostring_ _wrap_flashattn_backward_ex_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
+_gostring_ _wrap_flashattn_backward_ex_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_args_t *_swig_go_1, void *_swig_go_2, long long _swig_go_3) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_args_t *arg2 = (flashattn_args_t *) 0 ;
   void *arg3 = (void *) 0 ;
@@ -1564,7 +1695,7 @@ _gostring_ _wrap_flashattn_backward_ex_capi_ba42f20286642dff(flashattn_context_t
 }
 
 
-_gostring_ _wrap_flashattn_merge_args_init_sized_capi_ba42f20286642dff(flashattn_merge_args_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_merge_args_init_sized_capi_78c2e081ce0d68a7(flashattn_merge_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_merge_args_t *arg1 = (flashattn_merge_args_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1593,7 +1724,7 @@ _gostring_ _wrap_flashattn_merge_args_init_sized_capi_ba42f20286642dff(flashattn
 }
 
 
-_gostring_ _wrap_flashattn_merge_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_merge_args_t *_swig_go_1) {
+_gostring_ _wrap_flashattn_merge_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_merge_args_t *_swig_go_1) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_merge_args_t *arg2 = (flashattn_merge_args_t *) 0 ;
   flashattn_status_t result;
@@ -1622,7 +1753,7 @@ _gostring_ _wrap_flashattn_merge_capi_ba42f20286642dff(flashattn_context_t _swig
 }
 
 
-intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_78c2e081ce0d68a7() {
   enum flashattn_cp_layout result;
   intgo _swig_go_result;
   
@@ -1639,7 +1770,7 @@ intgo _wrap_FLASHATTN_CP_LAYOUT_CONTIGUOUS_capi_ba42f20286642dff() {
 }
 
 
-intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_ba42f20286642dff() {
+intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_78c2e081ce0d68a7() {
   enum flashattn_cp_layout result;
   intgo _swig_go_result;
   
@@ -1656,7 +1787,7 @@ intgo _wrap_FLASHATTN_CP_LAYOUT_ZIGZAG_capi_ba42f20286642dff() {
 }
 
 
-_gostring_ _wrap_flashattn_cp_args_init_sized_capi_ba42f20286642dff(flashattn_cp_args_t *_swig_go_0, long long _swig_go_1) {
+_gostring_ _wrap_flashattn_cp_args_init_sized_capi_78c2e081ce0d68a7(flashattn_cp_args_t *_swig_go_0, long long _swig_go_1) {
   flashattn_cp_args_t *arg1 = (flashattn_cp_args_t *) 0 ;
   size_t arg2 ;
   flashattn_status_t result;
@@ -1685,7 +1816,7 @@ _gostring_ _wrap_flashattn_cp_args_init_sized_capi_ba42f20286642dff(flashattn_cp
 }
 
 
-_gostring_ _wrap_flashattn_cp_workspace_size_capi_ba42f20286642dff(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_cp_args_t *_swig_go_2, flashattn_args_t *_swig_go_3, intgo _swig_go_4) {
+_gostring_ _wrap_flashattn_cp_workspace_size_capi_78c2e081ce0d68a7(size_t *_swig_go_0, flashattn_context_t _swig_go_1, flashattn_cp_args_t *_swig_go_2, flashattn_args_t *_swig_go_3, intgo _swig_go_4) {
   size_t *arg1 = (size_t *) 0 ;
   flashattn_context_t arg2 = (flashattn_context_t) 0 ;
   flashattn_cp_args_t *arg3 = (flashattn_cp_args_t *) 0 ;
@@ -1720,7 +1851,7 @@ _gostring_ _wrap_flashattn_cp_workspace_size_capi_ba42f20286642dff(size_t *_swig
 }
 
 
-_gostring_ _wrap_flashattn_cp_forward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
+_gostring_ _wrap_flashattn_cp_forward_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_cp_args_t *arg2 = (flashattn_cp_args_t *) 0 ;
   flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
@@ -1755,7 +1886,7 @@ _gostring_ _wrap_flashattn_cp_forward_capi_ba42f20286642dff(flashattn_context_t 
 }
 
 
-_gostring_ _wrap_flashattn_cp_backward_capi_ba42f20286642dff(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
+_gostring_ _wrap_flashattn_cp_backward_capi_78c2e081ce0d68a7(flashattn_context_t _swig_go_0, flashattn_cp_args_t *_swig_go_1, flashattn_args_t *_swig_go_2, void *_swig_go_3, long long _swig_go_4) {
   flashattn_context_t arg1 = (flashattn_context_t) 0 ;
   flashattn_cp_args_t *arg2 = (flashattn_cp_args_t *) 0 ;
   flashattn_args_t *arg3 = (flashattn_args_t *) 0 ;
@@ -1790,7 +1921,7 @@ _gostring_ _wrap_flashattn_cp_backward_capi_ba42f20286642dff(flashattn_context_t
 }
 
 
-long long _wrap_SizeofTensor_capi_ba42f20286642dff() {
+long long _wrap_SizeofTensor_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1801,7 +1932,7 @@ long long _wrap_SizeofTensor_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofTensorDtype_capi_ba42f20286642dff() {
+long long _wrap_OffsetofTensorDtype_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1812,7 +1943,7 @@ long long _wrap_OffsetofTensorDtype_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofTensorRank_capi_ba42f20286642dff() {
+long long _wrap_OffsetofTensorRank_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1823,7 +1954,7 @@ long long _wrap_OffsetofTensorRank_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofTensorShape_capi_ba42f20286642dff() {
+long long _wrap_OffsetofTensorShape_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1834,7 +1965,7 @@ long long _wrap_OffsetofTensorShape_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofTensorStrides_capi_ba42f20286642dff() {
+long long _wrap_OffsetofTensorStrides_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1845,7 +1976,7 @@ long long _wrap_OffsetofTensorStrides_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_SizeofOptions_capi_ba42f20286642dff() {
+long long _wrap_SizeofOptions_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1856,7 +1987,7 @@ long long _wrap_SizeofOptions_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsSoftmaxScale_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsSoftmaxScale_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1867,7 +1998,7 @@ long long _wrap_OffsetofOptionsSoftmaxScale_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsCausal_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsCausal_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1878,7 +2009,7 @@ long long _wrap_OffsetofOptionsCausal_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsAlgorithm_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsAlgorithm_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1889,7 +2020,7 @@ long long _wrap_OffsetofOptionsAlgorithm_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsDeterministic_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsDeterministic_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1900,7 +2031,7 @@ long long _wrap_OffsetofOptionsDeterministic_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsWindow_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsWindow_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1911,7 +2042,7 @@ long long _wrap_OffsetofOptionsWindow_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsWindowLeft_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsWindowLeft_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1922,7 +2053,7 @@ long long _wrap_OffsetofOptionsWindowLeft_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsWindowRight_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsWindowRight_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1933,7 +2064,7 @@ long long _wrap_OffsetofOptionsWindowRight_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsSoftcap_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsSoftcap_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1944,7 +2075,7 @@ long long _wrap_OffsetofOptionsSoftcap_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofOptionsNumSplits_capi_ba42f20286642dff() {
+long long _wrap_OffsetofOptionsNumSplits_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1955,7 +2086,7 @@ long long _wrap_OffsetofOptionsNumSplits_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_SizeofArgs_capi_ba42f20286642dff() {
+long long _wrap_SizeofArgs_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1966,7 +2097,7 @@ long long _wrap_SizeofArgs_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsOptions_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsOptions_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1977,7 +2108,7 @@ long long _wrap_OffsetofArgsOptions_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsQ_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsQ_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1988,7 +2119,7 @@ long long _wrap_OffsetofArgsQ_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsDv_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsDv_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -1999,7 +2130,7 @@ long long _wrap_OffsetofArgsDv_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsAlibiSlopes_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsAlibiSlopes_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2010,7 +2141,7 @@ long long _wrap_OffsetofArgsAlibiSlopes_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsSinks_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsSinks_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2021,7 +2152,7 @@ long long _wrap_OffsetofArgsSinks_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsDsinks_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsDsinks_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2032,7 +2163,7 @@ long long _wrap_OffsetofArgsDsinks_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsCuSeqlensQ_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsCuSeqlensQ_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2043,7 +2174,7 @@ long long _wrap_OffsetofArgsCuSeqlensQ_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsCuSeqlensK_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsCuSeqlensK_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2054,7 +2185,7 @@ long long _wrap_OffsetofArgsCuSeqlensK_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsMaxSeqlenQ_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsMaxSeqlenQ_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2065,7 +2196,7 @@ long long _wrap_OffsetofArgsMaxSeqlenQ_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsMaxSeqlenK_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsMaxSeqlenK_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2076,7 +2207,7 @@ long long _wrap_OffsetofArgsMaxSeqlenK_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsCacheSeqlens_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsCacheSeqlens_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2087,7 +2218,7 @@ long long _wrap_OffsetofArgsCacheSeqlens_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsBlockTable_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsBlockTable_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2098,7 +2229,7 @@ long long _wrap_OffsetofArgsBlockTable_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsKNew_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsKNew_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2109,7 +2240,7 @@ long long _wrap_OffsetofArgsKNew_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsVNew_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsVNew_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2120,7 +2251,7 @@ long long _wrap_OffsetofArgsVNew_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsRotaryCos_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsRotaryCos_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2131,7 +2262,7 @@ long long _wrap_OffsetofArgsRotaryCos_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsRotarySin_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsRotarySin_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2142,7 +2273,7 @@ long long _wrap_OffsetofArgsRotarySin_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofArgsRotaryInterleaved_capi_ba42f20286642dff() {
+long long _wrap_OffsetofArgsRotaryInterleaved_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2153,7 +2284,7 @@ long long _wrap_OffsetofArgsRotaryInterleaved_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_SizeofMergeArgs_capi_ba42f20286642dff() {
+long long _wrap_SizeofMergeArgs_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2164,7 +2295,7 @@ long long _wrap_SizeofMergeArgs_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsNumParts_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsNumParts_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2175,7 +2306,7 @@ long long _wrap_OffsetofMergeArgsNumParts_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsOut_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsPartsOut_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2186,7 +2317,7 @@ long long _wrap_OffsetofMergeArgsPartsOut_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsOutStride_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsPartsOutStride_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2197,7 +2328,7 @@ long long _wrap_OffsetofMergeArgsPartsOutStride_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsLse_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsPartsLse_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2208,7 +2339,7 @@ long long _wrap_OffsetofMergeArgsPartsLse_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsPartsLseStride_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsPartsLseStride_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2219,7 +2350,7 @@ long long _wrap_OffsetofMergeArgsPartsLseStride_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsOut_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsOut_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2230,7 +2361,7 @@ long long _wrap_OffsetofMergeArgsOut_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofMergeArgsLse_capi_ba42f20286642dff() {
+long long _wrap_OffsetofMergeArgsLse_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2241,7 +2372,7 @@ long long _wrap_OffsetofMergeArgsLse_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_SizeofCpArgs_capi_ba42f20286642dff() {
+long long _wrap_SizeofCpArgs_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2252,7 +2383,7 @@ long long _wrap_SizeofCpArgs_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsRanks_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsRanks_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2263,7 +2394,7 @@ long long _wrap_OffsetofCpArgsRanks_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsRank_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsRank_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2274,7 +2405,7 @@ long long _wrap_OffsetofCpArgsRank_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsLayout_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsLayout_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2285,7 +2416,7 @@ long long _wrap_OffsetofCpArgsLayout_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsNcclComm_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsNcclComm_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2296,7 +2427,7 @@ long long _wrap_OffsetofCpArgsNcclComm_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsExchange_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsExchange_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   
@@ -2307,7 +2438,7 @@ long long _wrap_OffsetofCpArgsExchange_capi_ba42f20286642dff() {
 }
 
 
-long long _wrap_OffsetofCpArgsExchangeUser_capi_ba42f20286642dff() {
+long long _wrap_OffsetofCpArgsExchangeUser_capi_78c2e081ce0d68a7() {
   int64_t result;
   long long _swig_go_result;
   

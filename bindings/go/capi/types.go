@@ -30,6 +30,9 @@ type DType int32
 // Backend is a flashattn_backend_t (FLASHATTN_BACKEND_*).
 type Backend int32
 
+// CPUKernels is a flashattn_cpu_kernels_t (FLASHATTN_CPU_KERNELS_*).
+type CPUKernels int32
+
 // Algorithm is a flashattn_algorithm_t (FLASHATTN_ALGORITHM_*).
 type Algorithm int32
 

@@ -178,6 +178,21 @@ def test_explicit_context():
         ctx.handle
 
 
+def test_cpu_kernels(monkeypatch):
+    copies = ("generic", "avx2", "avx512", "avx512bf16", "amx")
+    monkeypatch.delenv("FLASHATTN_CPU_ISA", raising=False)
+    with flashattn.Context("cpu") as ctx:
+        best = ctx.cpu_kernels
+    assert best in copies
+    # FLASHATTN_CPU_ISA caps the copy of a context created after it is set.
+    monkeypatch.setenv("FLASHATTN_CPU_ISA", "generic")
+    with flashattn.Context("cpu") as ctx:
+        assert ctx.cpu_kernels == "generic"
+    monkeypatch.setenv("FLASHATTN_CPU_ISA", "amx")
+    with flashattn.Context("cpu") as ctx:
+        assert ctx.cpu_kernels == best
+
+
 # ---- bad input: flashattn.Error carrying the library's message, never a crash ----
 
 def test_shape_mismatch_raises_the_library_message():

@@ -55,6 +55,14 @@ _BACKENDS = {
     "cuda": low.FLASHATTN_BACKEND_CUDA,
 }
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+# The CPU backend's kernel copies, by the names FLASHATTN_CPU_ISA takes.
+_CPU_KERNELS_NAMES = {
+    low.FLASHATTN_CPU_KERNELS_GENERIC: "generic",
+    low.FLASHATTN_CPU_KERNELS_AVX2: "avx2",
+    low.FLASHATTN_CPU_KERNELS_AVX512: "avx512",
+    low.FLASHATTN_CPU_KERNELS_AVX512BF16: "avx512bf16",
+    low.FLASHATTN_CPU_KERNELS_AMX: "amx",
+}
 
 
 class Context:
@@ -85,6 +93,13 @@ class Context:
     def device(self):
         """The CUDA device ordinal, -1 for a CPU context."""
         return low.flashattn_context_get_device(self.handle)
+
+    @property
+    def cpu_kernels(self):
+        """The kernel copy a CPU context computes with ("amx", "avx512bf16", "avx512", "avx2" or
+        "generic"), chosen for this CPU at creation and capped by FLASHATTN_CPU_ISA; None for a
+        CUDA context."""
+        return _CPU_KERNELS_NAMES.get(low.flashattn_context_get_cpu_kernels(self.handle))
 
     @property
     def stream(self):

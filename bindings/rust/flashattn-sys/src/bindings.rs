@@ -36,6 +36,14 @@ pub const flashattn_backend_FLASHATTN_BACKEND_CPU: flashattn_backend = 1;
 pub const flashattn_backend_FLASHATTN_BACKEND_CUDA: flashattn_backend = 2;
 pub type flashattn_backend = ::std::os::raw::c_uint;
 pub use self::flashattn_backend as flashattn_backend_t;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_NONE: flashattn_cpu_kernels = 0;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_GENERIC: flashattn_cpu_kernels = 1;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX2: flashattn_cpu_kernels = 2;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX512: flashattn_cpu_kernels = 3;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX512BF16: flashattn_cpu_kernels = 4;
+pub const flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AMX: flashattn_cpu_kernels = 5;
+pub type flashattn_cpu_kernels = ::std::os::raw::c_uint;
+pub use self::flashattn_cpu_kernels as flashattn_cpu_kernels_t;
 pub const flashattn_algorithm_FLASHATTN_ALGORITHM_FLASH: flashattn_algorithm = 0;
 pub const flashattn_algorithm_FLASHATTN_ALGORITHM_STANDARD: flashattn_algorithm = 1;
 pub type flashattn_algorithm = ::std::os::raw::c_uint;
@@ -86,6 +94,12 @@ extern "C" {
 extern "C" {
     pub fn flashattn_context_get_device(
         out: *mut ::std::os::raw::c_int,
+        ctx: flashattn_context_t,
+    ) -> flashattn_status_t;
+}
+extern "C" {
+    pub fn flashattn_context_get_cpu_kernels(
+        out: *mut flashattn_cpu_kernels_t,
         ctx: flashattn_context_t,
     ) -> flashattn_status_t;
 }

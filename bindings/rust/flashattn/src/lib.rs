@@ -164,6 +164,34 @@ impl Backend {
     }
 }
 
+/// The CPU backend's kernel copies, one per instruction set (`Context::cpu_kernels`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// The target's baseline.
+    Generic,
+    /// AVX2 + FMA.
+    Avx2,
+    /// AVX-512 F/VL/BW/DQ.
+    Avx512,
+    /// AVX-512 BF16: bf16 products on vdpbf16ps pairs.
+    Avx512Bf16,
+    /// AMX-BF16: bf16 products on tiles.
+    Amx,
+}
+
+impl CpuKernels {
+    /// The copy's name as `FLASHATTN_CPU_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKernels::Generic => "generic",
+            CpuKernels::Avx2 => "avx2",
+            CpuKernels::Avx512 => "avx512",
+            CpuKernels::Avx512Bf16 => "avx512bf16",
+            CpuKernels::Amx => "amx",
+        }
+    }
+}
+
 /// Element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -325,6 +353,22 @@ impl Context {
         // SAFETY: valid handle and out pointer.
         check(unsafe { sys::flashattn_context_get_backend(&mut b, self.as_raw()) })?;
         Ok(if b == sys::flashattn_backend_FLASHATTN_BACKEND_CUDA { Backend::Cuda } else { Backend::Cpu })
+    }
+
+    /// The kernel copy a CPU context computes with, chosen for this CPU at creation and capped
+    /// by `FLASHATTN_CPU_ISA`; `None` for a CUDA context.
+    pub fn cpu_kernels(&self) -> Result<Option<CpuKernels>> {
+        let mut k = sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_NONE;
+        // SAFETY: valid handle and out pointer.
+        check(unsafe { sys::flashattn_context_get_cpu_kernels(&mut k, self.as_raw()) })?;
+        Ok(match k {
+            sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_GENERIC => Some(CpuKernels::Generic),
+            sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX2 => Some(CpuKernels::Avx2),
+            sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX512 => Some(CpuKernels::Avx512),
+            sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AVX512BF16 => Some(CpuKernels::Avx512Bf16),
+            sys::flashattn_cpu_kernels_FLASHATTN_CPU_KERNELS_AMX => Some(CpuKernels::Amx),
+            _ => None,
+        })
     }
 
     /// The CUDA device ordinal, `None` for a CPU context.

@@ -164,6 +164,8 @@ fn context_accessors() {
     let ctx = cpu();
     assert_eq!(ctx.backend().unwrap(), Backend::Cpu);
     assert_eq!(ctx.device().unwrap(), None);
+    let kernels = ctx.cpu_kernels().unwrap().expect("a CPU context runs a copy of the CPU kernels");
+    assert!(["generic", "avx2", "avx512", "avx512bf16", "amx"].contains(&kernels.name()));
     assert!(ctx.stream().unwrap().is_null());
     ctx.set_num_threads(1).unwrap();
     ctx.synchronize().unwrap();

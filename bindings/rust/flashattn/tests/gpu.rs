@@ -82,6 +82,7 @@ fn gpu_buffers_and_errors() {
     assert_eq!(got, want);
     assert!(!gpu.stream().unwrap().is_null());
     assert_eq!(gpu.device().unwrap(), Some(0));
+    assert_eq!(gpu.cpu_kernels().unwrap(), None);
 
     // Host memory given to a CUDA context: the library's message, not a crash.
     let mut host_out = vec![F16::default(); q.len()];
