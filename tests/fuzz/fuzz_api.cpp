@@ -851,6 +851,18 @@ class Harness {
       case 5:
         st = check_status(flashattn_context_synchronize(ctx), "synchronize");
         break;
+      case 6: {
+        flashattn_cpu_kernels_t out;
+        store_enum(&out, 77);
+        st = check_status(flashattn_context_get_cpu_kernels(null_out ? nullptr : &out, ctx),
+                          "get_cpu_kernels");
+        int v;
+        std::memcpy(&v, &out, sizeof v);
+        EXPECT(st == 0 ? v >= FLASHATTN_CPU_KERNELS_GENERIC && v <= FLASHATTN_CPU_KERNELS_AMX
+                       : v == 77,
+               "get_cpu_kernels");
+        break;
+      }
       default: {
         static const int32_t kThreads[] = {0, 1, 2, 3, 4, -1, 1024, 4096,
                                            std::numeric_limits<int32_t>::max(),
