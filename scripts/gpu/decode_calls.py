@@ -19,13 +19,13 @@ import torch  # noqa: E402
 CALLS = 3
 
 
-def main():
-    if len(sys.argv) not in (2, 4):
-        print(__doc__)
-        return 2
-    lib = cs.Lib(os.path.abspath(sys.argv[1]))
-    B, Nk = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) == 4 else (32, 8192)
-    Hq, Hkv, D = 32, 8, 128
+HQ, HKV, D = 32, 8, 128  # query heads over KV heads, head dim
+
+
+def open_context(lib_path):
+    """The library, a CUDA context on device 0 whose stream is torch's current one, and the
+    tensor-view maker of compare_sdpa's ctypes layer."""
+    lib = cs.Lib(os.path.abspath(lib_path))
     dev = torch.device("cuda", 0)
     stream = torch.cuda.Stream(device=dev)
     torch.cuda.set_stream(stream)
@@ -35,14 +35,31 @@ def main():
     def view_of(t, dt):
         return cs.tensor_view(t.data_ptr(), dt, list(t.shape), list(t.stride()))
 
+    return lib, ctx, view_of
+
+
+def decode_inputs(ctx, view_of, B, Nk):
+    """One query token against Nk keys per sequence (bf16, random normal): q, k, v, out, and
+    our contiguous forward call over them."""
+    dev = torch.device("cuda", 0)
     g = torch.Generator(device=dev).manual_seed(1)
-    q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Nk, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Nk, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
+    q = torch.randn(B, 1, HQ, D, device=dev, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Nk, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Nk, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
     out = torch.empty_like(q)
-    lse = torch.empty(B, Hq, 1, device=dev, dtype=torch.float32)
+    lse = torch.empty(B, HQ, 1, device=dev, dtype=torch.float32)
     call = cs.Call(ctx, q, k, v, out, lse, out, out, k, v, cs.DTYPE_BF16, False, cs.ALGO_FLASH,
                    view_of)
+    return q, k, v, out, call
+
+
+def main():
+    if len(sys.argv) not in (2, 4):
+        print(__doc__)
+        return 2
+    lib, ctx, view_of = open_context(sys.argv[1])
+    B, Nk = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) == 4 else (32, 8192)
+    q, k, v, out, call = decode_inputs(ctx, view_of, B, Nk)
     ways = [("contiguous", call.forward)]
     for shuffled in (False, True):
         for rows in (16, 64):

@@ -7,16 +7,14 @@ three of cuDNN, each after a 256 MB write that flushes the L2, as do_bench does.
         python3 scripts/gpu/decode_peer_calls.py build-gpu/lib/libflashattn.so 1x8192 32x8192
 
 Shapes are BxNk (default 1x8192): one query token, 32 query heads over 8 KV heads, d 128, bf16.
-Uses bench/compare_sdpa.py's ctypes layer; needs torch with CUDA.
+Uses decode_calls.py's set-up (bench/compare_sdpa.py's ctypes layer); needs torch with CUDA.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import compare_sdpa as cs  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import decode_calls as dc  # beside this script: its context and inputs
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 CALLS = 3
 FLUSH_BYTES = 256 * 1024 * 1024
@@ -26,28 +24,11 @@ def main():
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
-    lib = cs.Lib(os.path.abspath(sys.argv[1]))
+    _, ctx, view_of = dc.open_context(sys.argv[1])
     shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[2:]] or [(1, 8192)]
-    Hq, Hkv, D = 32, 8, 128
-    dev = torch.device("cuda", 0)
-    stream = torch.cuda.Stream(device=dev)
-    torch.cuda.set_stream(stream)
-    ctx = cs.Context(lib, cs.BACKEND_CUDA, 0)
-    ctx.set_stream(stream.cuda_stream)
-
-    def view_of(t, dt):
-        return cs.tensor_view(t.data_ptr(), dt, list(t.shape), list(t.stride()))
-
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=dev)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=torch.device("cuda", 0))
     for B, Nk in shapes:
-        g = torch.Generator(device=dev).manual_seed(1)
-        q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16, generator=g)
-        k = torch.randn(B, Nk, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
-        v = torch.randn(B, Nk, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
-        out = torch.empty_like(q)
-        lse = torch.empty(B, Hq, 1, device=dev, dtype=torch.float32)
-        call = cs.Call(ctx, q, k, v, out, lse, out, out, k, v, cs.DTYPE_BF16, False, cs.ALGO_FLASH,
-                       view_of)
+        q, k, v, _, call = dc.decode_inputs(ctx, view_of, B, Nk)
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
         for _ in range(CALLS):
             flush.zero_()
