@@ -491,6 +491,8 @@ TEST_SUITE("gpu_variants_decode") {
     check(make(BF16, 1, 1, 1, 16, 1, 128, true), tally);      // one key
     check(make(BF16, 1, 1, 1500, 4, 1, 256, true), tally);
     check(make(F16, 1, 1, 2100, 6, 2, 192), tally);
+    // Split with head dim 96: a row's 24 chunks leave 8 of the merge's threads on LSEs alone.
+    check(make(BF16, 1, 1, 3000, 8, 2, 96, true), tally);
     check(laid_out(make(BF16, 2, 1, 1000, 4, 4, 100, true), Layout::Aligned), tally);
     check(make(BF16, 1, 1, 70000, 8, 2, 128, true), tally);   // 122 splits of 576 keys
   }
