@@ -872,19 +872,9 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
     }
   }
 }
-#else
-// The copies without pairs never pack them (every call is under uses_pairs).
-inline void pack_transposed_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int,
-                                  int64_t, int, const BlockTable& = BlockTable{}) {}
-inline void pack_rows_pairs_down(uint32_t*, int64_t, const uint16_t* const*, int, int) {}
-inline void pack_pairs_down(uint32_t*, int64_t, const float*, int64_t, int, int) {}
-inline void pack_pairs_transposed(uint32_t*, int64_t, const float*, int64_t, int, int) {}
-inline void pack_pairs_along(uint32_t*, int64_t, const float*, int64_t, int, int) {}
-#endif  // FA_BF16_PAIRS
 
-#if FA_AMX
-// The forward's O += P V on pairs as well (the amx copy): P rounded to bf16, as the backward's
-// products and the GPU kernels round it.
+// The forward's O += P V on pairs as well: P rounded to bf16, as the backward's products and
+// the GPU kernels round it.
 constexpr bool kPairsTimesV = true;
 
 // Rows [n0, n0 + count) of (b, h) of a bf16 value view as the pairs down its rows, as
@@ -896,10 +886,18 @@ inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64
   pack_rows_pairs_down(dst, ldd, rows, count, d);
 }
 #else
+// The copies without pairs never pack them (every call is under uses_pairs).
 constexpr bool kPairsTimesV = false;
 inline void pack_value_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int64_t,
                              int, const BlockTable&) {}
-#endif  // FA_AMX
+inline void pack_transposed_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int,
+                                  int64_t, int, const BlockTable& = BlockTable{}) {}
+inline void pack_rows_pairs_down(uint32_t*, int64_t, const uint16_t* const*, int, int) {}
+inline void pack_pairs_down(uint32_t*, int64_t, const float*, int64_t, int, int) {}
+inline void pack_pairs_transposed(uint32_t*, int64_t, const float*, int64_t, int, int) {}
+inline void pack_pairs_along(uint32_t*, int64_t, const float*, int64_t, int, int) {}
+#endif  // FA_BF16_PAIRS
+
 
 // Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
 // computed: rows of one head are far apart in [B, N, H, D], which defeats the hardware

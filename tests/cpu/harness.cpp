@@ -406,7 +406,7 @@ void check_backward(const Case& c) {
   // The sinks' gradient is fp32 whatever the dtype (a sum over every row of the batch): its
   // floor is fp32's; its error comes from the dtype's outputs it is computed from, so its base
   // is the standard backward over the same forward outputs (a forward that rounds P to the
-  // dtype, as the amx copy's does, moves every row's O, and a sum over rows shows it more than
+  // dtype, as the bf16 pair copies' do, moves every row's O, and a sum over rows shows it more than
   // any one output, which the forward's own rule checks).
   BackwardResult standard_on_flash;
   if (c.sinks) {
