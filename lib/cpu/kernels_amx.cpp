@@ -8,17 +8,8 @@
 
 #include "cpu/amx_tiles.hpp"
 
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(                                                                \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")
-#endif
-
+#define FA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"
+#define FA_ISA_GETTER kernels_amx
 #define FA_ISA_NS amxbf16
 #define FA_ISA_NAME "amx"
 #define FA_W 16
@@ -28,17 +19,5 @@
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define FA_BF16_PAIRS 1
 #define FA_AMX 1
-#include "cpu/kernels_impl.hpp"
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace flashattn {
-namespace cpu {
-const KernelSet& kernels_amx() { return amxbf16::kSet; }
-}  // namespace cpu
-}  // namespace flashattn
+#include "cpu/kernels_copy.inc"
 #endif

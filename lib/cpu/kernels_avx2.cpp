@@ -1,16 +1,7 @@
 // The kernels for AVX2 + FMA (x86-64-v3), picked at run time when the CPU has them.
 #if defined(__x86_64__)
-#include "cpu/kernels_prelude.hpp"
-
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-
+#define FA_TARGET "avx2,fma"
+#define FA_ISA_GETTER kernels_avx2
 #define FA_ISA_NS avx2
 #define FA_ISA_NAME "avx2"
 #define FA_W 8
@@ -20,17 +11,5 @@
 #define FA_NVMAX 2
 #define FA_FMA 1
 #define FA_VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#include "cpu/kernels_impl.hpp"
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace flashattn {
-namespace cpu {
-const KernelSet& kernels_avx2() { return avx2::kSet; }
-}  // namespace cpu
-}  // namespace flashattn
+#include "cpu/kernels_copy.inc"
 #endif

@@ -1,18 +1,7 @@
 // The kernels for AVX-512 (x86-64-v4), picked at run time when the CPU has it.
 #if defined(__x86_64__)
-#include "cpu/kernels_prelude.hpp"
-
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(                                                                \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#endif
-
+#define FA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
+#define FA_ISA_GETTER kernels_avx512
 #define FA_ISA_NS avx512
 #define FA_ISA_NAME "avx512"
 #define FA_W 16
@@ -20,17 +9,5 @@
 #define FA_NVMAX 4
 #define FA_FMA 1
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#include "cpu/kernels_impl.hpp"
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace flashattn {
-namespace cpu {
-const KernelSet& kernels_avx512() { return avx512::kSet; }
-}  // namespace cpu
-}  // namespace flashattn
+#include "cpu/kernels_copy.inc"
 #endif

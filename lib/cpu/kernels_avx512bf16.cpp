@@ -2,19 +2,8 @@
 // that issue them at the rate of their fp32 fused multiply-add (kernels_impl.hpp, "bf16 pairs");
 // everything but the flash algorithm's bf16 GEMMs is the AVX-512 copy's code.
 #if defined(__x86_64__)
-#include "cpu/kernels_prelude.hpp"
-
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(                                                                \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")
-#endif
-
+#define FA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"
+#define FA_ISA_GETTER kernels_avx512bf16
 #define FA_ISA_NS avx512bf16
 #define FA_ISA_NAME "avx512bf16"
 #define FA_W 16
@@ -23,17 +12,5 @@
 #define FA_FMA 1
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #define FA_BF16_PAIRS 1
-#include "cpu/kernels_impl.hpp"
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace flashattn {
-namespace cpu {
-const KernelSet& kernels_avx512bf16() { return avx512bf16::kSet; }
-}  // namespace cpu
-}  // namespace flashattn
+#include "cpu/kernels_copy.inc"
 #endif

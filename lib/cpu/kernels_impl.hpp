@@ -1,7 +1,8 @@
 // The CPU attention algorithms, flash and standard, forward and backward. This file is compiled
-// once per instruction set: a kernels_<isa>.cpp includes kernels_prelude.hpp, turns the
-// instruction set on, defines the macros below and includes this file (which includes nothing
-// itself but its part merge_impl.hpp, and keeps all it defines in an anonymous namespace).
+// once per instruction set: a kernels_<isa>.cpp defines the macros below and includes
+// kernels_copy.inc, which includes kernels_prelude.hpp, turns the instruction set on and
+// includes this file (which includes nothing itself but its part merge_impl.hpp, and keeps
+// all it defines in an anonymous namespace).
 //
 //   FA_BF16_PAIRS  1 when bf16 operands are multiplied as pairs (vdpbf16ps; see "bf16 pairs")
 //   FA_AMX         1 when those pairs are multiplied on AMX tiles (with FA_BF16_PAIRS; the
