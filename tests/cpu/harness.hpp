@@ -114,4 +114,11 @@ void check_forward(const Case& c);
 // Flash and standard backward against the reference gradients by the rule.
 void check_backward(const Case& c);
 
+// FLASHATTN_CPU_ISA's names of the CPU kernel copies, in flashattn_cpu_kernels_t's order from
+// FLASHATTN_CPU_KERNELS_GENERIC on.
+constexpr const char* kCpuKernelsNames[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+static_assert(sizeof(kCpuKernelsNames) / sizeof(kCpuKernelsNames[0]) ==
+                  FLASHATTN_CPU_KERNELS_AMX - FLASHATTN_CPU_KERNELS_GENERIC + 1,
+              "a name for every copy");
+
 }  // namespace flashattn_test

@@ -125,7 +125,7 @@ TEST_SUITE("cpu_merge") {
 
   TEST_CASE("every instruction set's copy of the merge") {
     // FLASHATTN_CPU_ISA lowers the instruction set a context created after it picks.
-    for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16", "amx"}) {
+    for (const char* isa : kCpuKernelsNames) {
       INFO("FLASHATTN_CPU_ISA=", isa);
       setenv("FLASHATTN_CPU_ISA", isa, 1);
       for (flashattn_dtype_t dtype : kDtypes) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,6 @@ flashattn_cpu_kernels_t kernels_of_new_context() {
   flashattn_context_destroy(ctx);
   return kernels;
 }
-
-// FLASHATTN_CPU_ISA's names of the copies, in flashattn_cpu_kernels_t's order from GENERIC.
-constexpr const char* kIsaNames[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
 
 // Sets FLASHATTN_CPU_ISA for the contexts created in its scope.
 struct IsaLimit {
@@ -176,15 +174,15 @@ TEST_SUITE("cpu_options") {
     const flashattn_cpu_kernels_t best = kernels_of_new_context();
     REQUIRE(best >= FLASHATTN_CPU_KERNELS_GENERIC);
     REQUIRE(best <= FLASHATTN_CPU_KERNELS_AMX);
-    const std::string best_name = kIsaNames[best - FLASHATTN_CPU_KERNELS_GENERIC];
+    const std::string best_name = kCpuKernelsNames[best - FLASHATTN_CPU_KERNELS_GENERIC];
     MESSAGE("this machine's CPU kernels: ", best_name);
     // A CI step that knows what the build and machine must pick says so (25-amx-emulated).
     if (const char* expect = std::getenv("FLASHATTN_TEST_EXPECT_CPU_KERNELS")) {
       CHECK(best_name == expect);
     }
-    for (int rank = 0; rank < 5; ++rank) {
-      IsaLimit limit(kIsaNames[rank]);
-      INFO("FLASHATTN_CPU_ISA=", kIsaNames[rank]);
+    for (int rank = 0; rank < static_cast<int>(std::size(kCpuKernelsNames)); ++rank) {
+      IsaLimit limit(kCpuKernelsNames[rank]);
+      INFO("FLASHATTN_CPU_ISA=", kCpuKernelsNames[rank]);
       const auto capped =
           static_cast<flashattn_cpu_kernels_t>(FLASHATTN_CPU_KERNELS_GENERIC + rank);
       // The limit where the machine has that copy, else the best the machine has.
@@ -200,7 +198,7 @@ TEST_SUITE("cpu_options") {
   TEST_CASE("every instruction-set copy of the kernels is right") {
     // avx512bf16 runs where the CPU issues bf16 pairs at the FMA's rate (else the limit leaves
     // the best copy there is): bf16 with odd head dims too, whose last pair is half padding.
-    for (const char* isa : {"generic", "avx2", "avx512", "avx512bf16", "amx"}) {
+    for (const char* isa : kCpuKernelsNames) {
       IsaLimit limit(isa);
       INFO("FLASHATTN_CPU_ISA=", isa);
       check_forward(make(FLASHATTN_DTYPE_FLOAT32, 1, 70, 150, 2, 1, 72, true));
