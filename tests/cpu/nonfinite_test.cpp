@@ -17,7 +17,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Causal, Nq > Nk: query i sees keys [0, i - 29]; rows 0..29 see none. Key 50 is first seen by
 // row 80, which lies in the query tile of rows 64..127: that tile's rows 64..79 must not see it.
-constexpr int64_t kNq = 100, kNk = 70, kNoKeyRows = 30, kKey = 50, kFirstRowSeeingKey = 80;
+// Key 51 as well (row 81 first): the bf16 kernels multiply keys in pairs, 50 the lower half of
+// one and 51 the upper.
+constexpr int64_t kNq = 100, kNk = 70, kNoKeyRows = 30;
+constexpr int64_t kHiddenKeys[] = {50, 51};
+constexpr int64_t first_row_seeing(int64_t key) { return key + kNq - kNk; }
 
 Case make(flashattn_dtype_t dtype) {
   Case c;
@@ -32,7 +36,7 @@ Case make(flashattn_dtype_t dtype) {
   return c;
 }
 
-void poison_key(HostTensor* t) { t->set_nonfinite_row(kKey); }
+void poison_key(HostTensor* t, int64_t key) { t->set_nonfinite_row(key); }
 void poison_keyless_rows(HostTensor* t) { t->set_nonfinite_rows(kNoKeyRows); }
 
 const char* algorithm_name(flashattn_algorithm_t alg) {
@@ -97,17 +101,18 @@ TEST_SUITE("cpu_nonfinite") {
       const ForwardResult want = run_forward(ctx, c, make_inputs(c), alg);
       expect_keyless_rows_empty(name + " clean", want);
 
-      // Inf and NaN in v, then in k, at a key rows 0..79 do not see.
-      for (int which = 0; which < 2; ++which) {
-        Inputs in = make_inputs(c);
-        poison_key(which == 0 ? &in.v : &in.k);
-        const std::string what =
-            name + (which == 0 ? ", v" : ", k") + " poisoned at a hidden key";
-        const ForwardResult got = run_forward(ctx, c, in, alg);
-        expect_rows_equal(what + ": out", got.out, want.out, kFirstRowSeeingKey);
-        expect_lse_rows_equal(what, got.lse, want.lse, kFirstRowSeeingKey);
-        expect_keyless_rows_empty(what, got);
-      }
+      // Inf and NaN in v, then in k, at a key the rows before first_row_seeing(key) do not see.
+      for (const int64_t key : kHiddenKeys)
+        for (int which = 0; which < 2; ++which) {
+          Inputs in = make_inputs(c);
+          poison_key(which == 0 ? &in.v : &in.k, key);
+          const std::string what = name + (which == 0 ? ", v" : ", k") +
+                                   " poisoned at hidden key " + std::to_string(key);
+          const ForwardResult got = run_forward(ctx, c, in, alg);
+          expect_rows_equal(what + ": out", got.out, want.out, first_row_seeing(key));
+          expect_lse_rows_equal(what, got.lse, want.lse, first_row_seeing(key));
+          expect_keyless_rows_empty(what, got);
+        }
       // NaN and inf in q at the rows that see no key.
       Inputs in = make_inputs(c);
       poison_keyless_rows(&in.q);
@@ -125,31 +130,34 @@ TEST_SUITE("cpu_nonfinite") {
       const ForwardResult fwd = run_forward(ctx, c, clean, alg);
       const BackwardResult want = run_backward(ctx, c, clean, fwd, alg);
 
-      // v at the hidden key: only the rows that see it (dq) and that key's dk may change.
-      Inputs in = make_inputs(c);
-      poison_key(&in.v);
-      BackwardResult got = run_backward(ctx, c, in, fwd, alg);
-      expect_rows_equal(name + ", v poisoned: dq", got.dq, want.dq, kFirstRowSeeingKey);
-      expect_rows_equal(name + ", v poisoned: dk", got.dk, want.dk, kNk, kKey);
-      expect_rows_equal(name + ", v poisoned: dv", got.dv, want.dv, kNk);
+      for (const int64_t key : kHiddenKeys) {
+        const std::string at = " poisoned at key " + std::to_string(key);
+        // v at the hidden key: only the rows that see it (dq) and that key's dk may change.
+        Inputs in = make_inputs(c);
+        poison_key(&in.v, key);
+        BackwardResult got = run_backward(ctx, c, in, fwd, alg);
+        expect_rows_equal(name + ", v" + at + ": dq", got.dq, want.dq, first_row_seeing(key));
+        expect_rows_equal(name + ", v" + at + ": dk", got.dk, want.dk, kNk, key);
+        expect_rows_equal(name + ", v" + at + ": dv", got.dv, want.dv, kNk);
 
-      // k at the hidden key: the rows that see it (dq), and that key's dk and dv.
-      in = make_inputs(c);
-      poison_key(&in.k);
-      got = run_backward(ctx, c, in, fwd, alg);
-      expect_rows_equal(name + ", k poisoned: dq", got.dq, want.dq, kFirstRowSeeingKey);
-      expect_rows_equal(name + ", k poisoned: dk", got.dk, want.dk, kNk, kKey);
-      expect_rows_equal(name + ", k poisoned: dv", got.dv, want.dv, kNk, kKey);
+        // k at the hidden key: the rows that see it (dq), and that key's dk and dv.
+        in = make_inputs(c);
+        poison_key(&in.k, key);
+        got = run_backward(ctx, c, in, fwd, alg);
+        expect_rows_equal(name + ", k" + at + ": dq", got.dq, want.dq, first_row_seeing(key));
+        expect_rows_equal(name + ", k" + at + ": dk", got.dk, want.dk, kNk, key);
+        expect_rows_equal(name + ", k" + at + ": dv", got.dv, want.dv, kNk, key);
+      }
 
       // q, dout and out in the rows that see no key: nothing changes.
-      in = make_inputs(c);
+      Inputs in = make_inputs(c);
       poison_keyless_rows(&in.q);
       poison_keyless_rows(&in.dout);
       ForwardResult poisoned_fwd = fwd;
       poisoned_fwd.out = make_output(c, false, c.head_dim);
       poisoned_fwd.out.from_double(fwd.out.to_double());
       poison_keyless_rows(&poisoned_fwd.out);
-      got = run_backward(ctx, c, in, poisoned_fwd, alg);
+      const BackwardResult got = run_backward(ctx, c, in, poisoned_fwd, alg);
       expect_rows_equal(name + ", rows without keys poisoned: dq", got.dq, want.dq, kNq);
       expect_rows_equal(name + ", rows without keys poisoned: dk", got.dk, want.dk, kNk);
       expect_rows_equal(name + ", rows without keys poisoned: dv", got.dv, want.dv, kNk);
