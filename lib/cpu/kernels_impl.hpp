@@ -509,22 +509,31 @@ void gemm_pairs_ranges(int64_t M, int64_t N, const Ranges& ranges, const uint32_
     gemm_pairs(M, N, kp, A + p_lo, sam, b, ldb, C, ldc, 1.0f, true);
     return;
   }
+  // A row's range [lo, hi) is contiguous: zeros, its whole pairs copied, and at most one half
+  // pair at each end (an odd lo keeps the upper half of its pair, an odd hi the lower half).
   alignas(64) uint32_t a_seen[Ranges::kRows * kMaxRangePairs];
   for (int64_t m = 0; m < M; ++m) {
     const uint32_t* a = A + m * sam + p_lo;
     uint32_t* dst = a_seen + m * kp;
-    for (int64_t p = 0; p < kp; ++p) {
-      const int64_t k = 2 * (p_lo + p);
-      const uint32_t keep = (k >= lo[m] && k < hi[m] ? 0x0000ffffu : 0u) |
-                            (k + 1 >= lo[m] && k + 1 < hi[m] ? 0xffff0000u : 0u);
-      dst[p] = a[p] & keep;
+    std::memset(dst, 0, static_cast<size_t>(kp) * sizeof(uint32_t));
+    if (lo[m] >= hi[m]) continue;
+    const int64_t whole_begin = (lo[m] + 1) / 2 - p_lo, whole_end = hi[m] / 2 - p_lo;
+    if (whole_end > whole_begin) {
+      std::memcpy(dst + whole_begin, a + whole_begin,
+                  static_cast<size_t>(whole_end - whole_begin) * sizeof(uint32_t));
     }
+    if (lo[m] % 2 != 0) dst[lo[m] / 2 - p_lo] = a[lo[m] / 2 - p_lo] & 0xffff0000u;
+    if (hi[m] % 2 != 0) dst[hi[m] / 2 - p_lo] |= a[hi[m] / 2 - p_lo] & 0x0000ffffu;
   }
+  // Whether B's span holds an infinity or a NaN: each row of pairs at once (no early exit
+  // inside a row, so that the loop runs on vectors).
   bool finite = true;
   for (int64_t p = 0; p < kp && finite; ++p) {
+    uint32_t nonfinite = 0;
     for (int64_t n = 0; n < N; ++n) {
-      finite = finite && !low_nonfinite(b[p * ldb + n]) && !high_nonfinite(b[p * ldb + n]);
+      nonfinite |= low_nonfinite(b[p * ldb + n]) | high_nonfinite(b[p * ldb + n]);
     }
+    finite = nonfinite == 0;
   }
   if (finite) {
     gemm_pairs(M, N, kp, a_seen, kp, b, ldb, C, ldc, 1.0f, true);
