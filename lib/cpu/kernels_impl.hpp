@@ -908,7 +908,6 @@ inline void pack_pairs_transposed(uint32_t*, int64_t, const float*, int64_t, int
 inline void pack_pairs_along(uint32_t*, int64_t, const float*, int64_t, int, int) {}
 #endif  // FA_BF16_PAIRS
 
-
 // Asks for rows [n0, n0 + count) of (b, h) to be brought into L2 while the current tile is
 // computed: rows of one head are far apart in [B, N, H, D], which defeats the hardware
 // prefetchers.
