@@ -12,7 +12,14 @@
 # 64,128,256 --seqlens 512,...,16384 --causal both.
 #
 # BENCH=decode times bench/compare_sdpa.py's decode cases instead (ours contiguous and paged,
-# TB/s of K and V, beside cuDNN measured in the same process), two repetitions interleaved.
+# TB/s of K and V, beside cuDNN measured in the same process). REPS repetitions, interleaved
+# (default 2).
+#
+# TREE_BUILD=DIR takes the last variant (this tree) from a build that exists already, such as
+# run-gpu-suite.sh's build-gpu, instead of building it again; BUILD_ONLY=1 builds the other
+# variants and stops, so that a call can build them in the background while its tests run and
+# then call again for the timings (the variants' folders are kept when their patches are the
+# same, and their builds are then incremental).
 #
 # Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a),
 # NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory and scheduler sections of
@@ -20,7 +27,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-[ $# -ge 1 ] || { sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 2; }
 patch_dir=$(cd "$1" && pwd); shift
 [ "${1:-}" = "--" ] && shift
 bench_args=("$@")
@@ -36,14 +43,28 @@ n=${#patches[@]}
 variants=()
 for i in $(seq 0 "$n"); do variants+=("v$i"); done
 dir_of() { if [ "$1" = "v$n" ]; then echo "$root"; else echo "/tmp/ab-$1"; fi; }
+build_of() {
+  if [ "$1" = "v$n" ] && [ -n "${TREE_BUILD:-}" ]; then (cd "$TREE_BUILD" && pwd); else echo "$(dir_of "$1")/build-ab"; fi
+}
+# What a variant's folder was made from: the tree's commit and status and the patches reversed.
+stamp_of() {
+  { git -C "$root" rev-parse HEAD 2>/dev/null; git -C "$root" status --porcelain 2>/dev/null
+    for ((j = n - 1; j >= ${1#v}; j--)); do cat "${patches[$j]}"; done; } | md5sum
+}
 for v in "${variants[@]}"; do
   dir=$(dir_of "$v")
-  if [ "$dir" != "$root" ]; then
+  if [ "$v" = "v$n" ] && [ -n "${TREE_BUILD:-}" ]; then
+    [ -n "${BUILD_ONLY:-}" ] || [ -f "$TREE_BUILD/lib/libflashattn.so" ] ||
+      { echo "ab-bench: no library in $TREE_BUILD"; exit 1; }
+    continue
+  fi
+  if [ "$dir" != "$root" ] && [ "$(cat "$dir/.ab-stamp" 2>/dev/null)" != "$(stamp_of "$v")" ]; then
     rm -rf "$dir"; mkdir -p "$dir"
     tar --exclude='./build*' --exclude=./.carry -cf - . | tar -xf - -C "$dir"
     for ((j = n - 1; j >= ${v#v}; j--)); do
       (cd "$dir" && patch -s -R -p1 < "${patches[$j]}") || { echo "ab-bench: reversing ${patches[$j]} for $v failed"; exit 1; }
     done
+    stamp_of "$v" > "$dir/.ab-stamp"
   fi
   { cmake -S "$dir" -B "$dir/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DFLASHATTN_CUDA_ARCHS="${ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_EXAMPLES=ON &&
@@ -51,14 +72,15 @@ for v in "${variants[@]}"; do
     { echo "ab-bench: build of $v failed"; tail -30 "/tmp/ab-build-$v.log"; exit 1; }
   echo "built $v at $((SECONDS - t0)) s"
 done
-for rep in 1 2; do
+if [ -n "${BUILD_ONLY:-}" ]; then echo "ab-bench: built in $((SECONDS - t0)) s"; exit 0; fi
+for rep in $(seq 1 "${REPS:-2}"); do
   for v in "${variants[@]}"; do
     if [ "${BENCH:-fwd}" = decode ]; then
-      python3 "$root/bench/compare_sdpa.py" --lib "$(dir_of "$v")/build-ab/lib/libflashattn.so" \
+      python3 "$root/bench/compare_sdpa.py" --lib "$(build_of "$v")/lib/libflashattn.so" \
         --no-sweep --no-gpt2 --decode --out "/tmp/ab-$v-$rep.json" > "/tmp/ab-$v-$rep.log" 2>&1 ||
         echo "ab-bench: decode benchmark of $v failed"
     else
-      "$(dir_of "$v")/build-ab/examples/cuda/cuda_benchmark" "${bench_args[@]}" \
+      "$(build_of "$v")/examples/cuda/cuda_benchmark" "${bench_args[@]}" \
         --csv "/tmp/ab-$v-$rep.csv" > "/tmp/ab-$v-$rep.log" 2>&1 || echo "ab-bench: benchmark of $v failed"
     fi
   done
@@ -120,7 +142,7 @@ if [ -n "${NCU:-}" ]; then
     timeout 120 "$ncu" --clock-control none -k regex:fwd_kernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
       --section ComputeWorkloadAnalysis --section SchedulerStats \
-      "$root/build-ab/examples/cuda/cuda_benchmark" --algo flash --fwd --dims "$d" --seqlens "$s" \
+      "$(build_of "v$n")/examples/cuda/cuda_benchmark" --algo flash --fwd --dims "$d" --seqlens "$s" \
       --causal "$c" --no-gpt2 --reps 1 --warmup 3 >> "$out/ncu.txt" 2>&1
   done
 fi
