@@ -164,6 +164,21 @@ TEST_SUITE("gpu_kv_cache") {
     }
   }
 
+  TEST_CASE("one token with a left window over pages: the window moves each split's start") {
+    // The decode kernel looks up its first pages before it reads a sequence's length, at the
+    // split's start without a window; a left bound moves the start (4097 keys with a window of
+    // 1000 start at block 48), and the lookups go out again. Sequences of 1 and 300 keys see
+    // every key; the table's entries past each sequence's pages are -1.
+    for (flashattn_dtype_t dt : {F16, BF16}) {
+      flashattn_test::Case c = kv::cache_case(dt, 1, {1, 300, 1000, 4097}, 32, 8, 128, true);
+      c.window = true;
+      c.window_left = 1000;
+      for (int64_t page : {7, 16, 64}) CHECK(check_on_gpu(c, kv::paged(page, 1)).empty());
+      c.num_splits = 3;  // splits of many blocks: the start moves inside the first page table row
+      CHECK(check_on_gpu(c, kv::paged(64, 0)).empty());
+    }
+  }
+
   TEST_CASE("many query rows: a contiguous cache runs the tiled kernels, pages are refused") {
     const flashattn_test::Case c = kv::cache_case(BF16, 200, {300, 700}, 8, 2, 128, true);
     CHECK(check_on_gpu(c, kv::contiguous(8, 800)).empty());
