@@ -64,6 +64,11 @@ double element_error(double a, double b) {
   return std::fabs(a - b);
 }
 
+double lse_atol(double softcap, const std::vector<double>& ref) {
+  return dtype_atol(FLASHATTN_DTYPE_FLOAT32) +
+         softcap * kTanhApproxRelError / std::max(1.0, max_abs(ref));
+}
+
 double max_abs(const std::vector<double>& v) {
   double m = 0.0;
   for (double x : v)

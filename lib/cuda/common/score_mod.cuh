@@ -19,21 +19,16 @@ namespace common {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float rcp_approx(float x) {
+// tanh as one MUFU op (sm_75 and later): a relative error of at most 2^-11, so a capped logit
+// c tanh(x / c) carries about |logit| 2^-11 -- the bf16 inputs' own rounding of a score is
+// 2^-8 of it. Exactly +-1 in the limits, NaN for NaN. (Before it, tanh was 1 - 2 / (e^{2y} + 1)
+// from an exp2 and a reciprocal: two MUFU ops a score beside the softmax's one, and the MUFU
+// pipe then bounded the Hopper forward's softcap at 0.48-0.68x of plain attention.)
+__device__ __forceinline__ float tanh_approx(float x) {
   float y;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-
-// tanh(y) = 1 - 2 / (e^{2y} + 1) from one exp2 and one reciprocal: an absolute error near
-// fp32's epsilon (tanh.approx's 2^-11 would put c * 2^-11 on a logit), exactly +-1 in the
-// limits (e^{2y} = inf gives 1, 0 gives -1), NaN for NaN. This is 1 / (2^z + 1) for
-// z = 2 y log2(e), the factor a fragment's scale folds into (ScoreMod::pre).
-__device__ __forceinline__ float rcp_exp2_plus_1(float z) {
-  return rcp_approx(exp2_approx(z) + 1.0f);
-}
-// (A tanh of one MUFU op, the reciprocal by Newton's iteration on the FMA pipe, measured
-// slower in the Hopper forward: that pipe is as loaded.)
 
 // Past this |softmax_scale| the kernels form every logit as a rounded product first (the mod is
 // then active with pre = scale * log2(e)): a row's maximum then equals its winner's logit
@@ -53,9 +48,8 @@ __device__ __forceinline__ float exp2_from_lse(float logit2, float lse2) {
 }
 
 struct ScoreMod {
-  // s times this: with a softcap 2 log2(e) scale / c (the exponent of tanh's e^{2 s scale / c},
-  // in log2 units), else scale * log2(e). (One field for both: the sm80 forward at head dim 256
-  // spilled 260 bytes with a second.)
+  // s times this: with a softcap scale / c (tanh's argument), else scale * log2(e). (One field
+  // for both: the sm80 forward at head dim 256 spilled 260 bytes with a second.)
   float pre = 0.0f;
   float cap2 = 0.0f;    // c * log2(e) (softcap only)
   float slope2 = 0.0f;  // slope * log2(e) (ALiBi only)
@@ -66,19 +60,18 @@ struct ScoreMod {
 
   __device__ __forceinline__ bool active() const { return softcap || alibi || rounded; }
 
-  // A mod in two steps, so that a fragment's tanh chains (two MUFU each, ~50 cycles of
-  // latency) run interleaved: with the softcap's branch per element ptxas emitted one basic
-  // block per score and ran them one after another (the Hopper forward's softcap at 0.36x of
-  // plain). prepare() takes kN raw scores under one uniform branch: tanh(scale s / c) with a
-  // softcap, else pre * s. finish() turns one prepared value into the log2 logit, given the
-  // ALiBi distance query + diag - key as a float (a fragment forms it by adding constants to
-  // one converted base, exact below 2^24: no int-to-float conversion per score), and
+  // A mod in two steps, so that a fragment's tanh ops run interleaved: with the softcap's branch
+  // per element ptxas emitted one basic block per score and ran them one after another (the Hopper
+  // forward's softcap at 0.36x of plain). prepare() takes kN raw scores under one uniform branch:
+  // tanh(scale s / c) with a softcap, else pre * s. finish() turns one prepared value into the log2
+  // logit, given the ALiBi distance query + diag - key as a float (a fragment forms it by adding
+  // constants to one converted base, exact below 2^24: no int-to-float conversion per score), and
   // dcap = 1 - tanh^2.
   template <int kN>
   __device__ __forceinline__ void prepare(float* x) const {
     if (softcap) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) x[i] = fmaf(-2.0f, rcp_exp2_plus_1(x[i] * pre), 1.0f);
+      for (int i = 0; i < kN; ++i) x[i] = tanh_approx(x[i] * pre);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i) x[i] *= pre;
@@ -114,16 +107,14 @@ struct ScoreMod {
   }
 
   // A score fragment (rows = queries, the layout WindowMask::apply takes) into log2 logits:
-  // the forward's form, which needs no dcap, c tanh(y) as one FMA (c - 2 c / (e^{2y} + 1)).
+  // the forward's form, which needs no dcap.
   template <int kMTiles, int kNTiles>
   __device__ __forceinline__ void apply(float (&acc)[kMTiles * kNTiles * 4], int row0,
                                         int col0) const {
     constexpr int kN = kMTiles * kNTiles * 4;
     if (softcap) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        acc[i] = fmaf(-2.0f * cap2, rcp_exp2_plus_1(acc[i] * pre), cap2);
-      }
+      for (int i = 0; i < kN; ++i) acc[i] = cap2 * tanh_approx(acc[i] * pre);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i) acc[i] *= pre;
@@ -153,7 +144,7 @@ __device__ __forceinline__ ScoreMod score_mod_of(const Params& p, int batch, int
   m.softcap = p.softcap > 0.0f;
   m.alibi = p.alibi != nullptr;
   m.rounded = fabsf(p.scale) > kRoundedLogitScale;
-  m.pre = m.softcap ? 2.0f * kLog2e * (p.scale / p.softcap) : p.scale_log2;
+  m.pre = m.softcap ? p.scale / p.softcap : p.scale_log2;
   m.cap2 = p.softcap * kLog2e;
   if (m.alibi) {
     m.slope2 = p.alibi[batch * p.alibi_batch_stride + head * p.alibi_head_stride] * kLog2e;
