@@ -371,7 +371,10 @@ typedef struct flashattn_options {
                               is 0. With causal = 1 the right bound is min(window_right, 0) (an
                               unbounded one becomes 0) */
   float softcap;           /* 0 (default): none; else c > 0 and finite: each score s = scale * q.k
-                              becomes c * tanh(s / c) before the masks, ALiBi and the softmax */
+                              becomes c * tanh(s / c) before the masks, ALiBi and the softmax.
+                              The CUDA flash kernels take tanh from the GPU's approximation
+                              (relative error <= 2^-11): a logit, and so the LSE, may be off
+                              by up to c * 2^-11 */
   /* Added with the decode path. */
   int64_t num_splits;      /* >= 0. 0 (default): the library chooses. n > 0: where the CUDA flash
                               forward splits the keys of each (batch entry, KV head) across
