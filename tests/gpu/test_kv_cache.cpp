@@ -165,10 +165,10 @@ TEST_SUITE("gpu_kv_cache") {
   }
 
   TEST_CASE("one token with a left window over pages: the window moves each split's start") {
-    // The decode kernel looks up its first pages before it reads a sequence's length, at the
-    // split's start without a window; a left bound moves the start (4097 keys with a window of
-    // 1000 start at block 48), and the lookups go out again. Sequences of 1 and 300 keys see
-    // every key; the table's entries past each sequence's pages are -1.
+    // A left bound moves where each split of the decode kernel starts (4097 keys with a window
+    // of 1000 start at block 48), and with it the first page it looks up; pages of 7 and 16
+    // rows hold no whole 64-key block (each row's page looked up), pages of 64 do. Sequences of
+    // 1 and 300 keys see every key; the table's entries past each sequence's pages are -1.
     for (flashattn_dtype_t dt : {F16, BF16}) {
       flashattn_test::Case c = kv::cache_case(dt, 1, {1, 300, 1000, 4097}, 32, 8, 128, true);
       c.window = true;
