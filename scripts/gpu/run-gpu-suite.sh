@@ -6,10 +6,14 @@
 #   scripts/gpu/run-gpu-suite.sh --tests         build + GPU tests only
 #   scripts/gpu/run-gpu-suite.sh --bench --peers --quick
 #   scripts/gpu/run-gpu-suite.sh --sanitize      build + gpu_tests under compute-sanitizer
+#   scripts/gpu/run-gpu-suite.sh --tests --peers --flex --peers-args --decode
+#                                                tests, the sweep with decode, the variants
 #
 # Parts: --tests (ctest -L gpu), --bench (cuda_benchmark), --peers (bench/compare_sdpa.py),
+# --flex (bench/compare_flex.py: the variants beside FlexAttention and our plain causal),
 # --sanitize (compute-sanitizer on gpu_tests). None given: tests, bench and peers. The build
 # always runs first; it is incremental, so a second call on a still-warm machine skips it.
+# The summary checks bench/targets.py's targets against what peers and flex measured.
 #
 # Options:
 #   --quick             reduced shapes for bench and peers (seqlen 1k/4k/16k, d 64/128)
@@ -20,10 +24,12 @@
 #   --budget SECONDS    total wall-clock budget (default 570: under a 600 s call limit); each
 #                       part gets its own limit, cut to what is left, and the summary still
 #                       prints when a part is cut
-#   --bench-args "..."  extra arguments for cuda_benchmark; --peers-args "..." likewise
+#   --bench-args "..."  extra arguments for cuda_benchmark; --peers-args "..." and
+#                       --flex-args "..." likewise
 #
-# Output: logs under $OUT (or ./gpu-out when OUT is unset), at most eight files:
-#   build.log tests.log bench.log bench.csv peers.log peers.json sanitize.log summary.txt
+# Output: logs under $OUT (or ./gpu-out when OUT is unset): build.log tests.log bench.log
+# bench.csv peers.log peers.json flex.log flex.json sanitize.log summary.txt, those of the parts
+# run (a device call brings back eight files at most: all parts at once make ten).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -35,13 +41,14 @@ build="build-gpu"
 archs="90a"
 quick=0
 budget=570
-do_tests=0 do_bench=0 do_peers=0 do_sanitize=0
-bench_args="" peers_args=""
+do_tests=0 do_bench=0 do_peers=0 do_flex=0 do_sanitize=0
+bench_args="" peers_args="" flex_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) do_tests=1 ;;
     --bench) do_bench=1 ;;
     --peers) do_peers=1 ;;
+    --flex) do_flex=1 ;;
     --sanitize) do_sanitize=1 ;;
     --quick) quick=1 ;;
     --archs) archs=$2; shift ;;
@@ -50,12 +57,13 @@ while [ $# -gt 0 ]; do
     --budget) budget=$2; shift ;;
     --bench-args) bench_args=$2; shift ;;
     --peers-args) peers_args=$2; shift ;;
-    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --flex-args) flex_args=$2; shift ;;
+    -h|--help) sed -n '2,34p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run-gpu-suite: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
-if [ $((do_tests + do_bench + do_peers + do_sanitize)) -eq 0 ]; then
+if [ $((do_tests + do_bench + do_peers + do_flex + do_sanitize)) -eq 0 ]; then
   do_tests=1 do_bench=1 do_peers=1
 fi
 
@@ -133,7 +141,7 @@ if [ $do_tests -eq 1 ]; then
       return $rc
     }
     export -f tests_cmd
-    run_part tests "$(limit 240 $((do_bench * 60 + do_peers * 90 + do_sanitize * 60)))" "$out/tests.log" \
+    run_part tests "$(limit 240 $((do_bench * 60 + do_peers * 90 + do_flex * 120 + do_sanitize * 60)))" "$out/tests.log" \
       bash -c tests_cmd
   else
     order+=(tests); result[tests]="not run (build failed)"
@@ -156,11 +164,11 @@ if [ $do_sanitize -eq 1 ]; then
     order+=(sanitize); result[sanitize]="not run (build failed)"
   elif [ -x "$root/scripts/gpu/compute-sanitizer.sh" ] || [ -f "$root/scripts/gpu/compute-sanitizer.sh" ]; then
     export BUILD_DIR=$root/$build
-    run_part sanitize "$(limit 400 $((do_bench * 60 + do_peers * 90)))" \
+    run_part sanitize "$(limit 400 $((do_bench * 60 + do_peers * 90 + do_flex * 120)))" \
       "$out/sanitize.log" bash "$root/scripts/gpu/compute-sanitizer.sh"
   else
     # memcheck over gpu_tests, the 4224-long cases left out (the rest is the same code).
-    run_part sanitize "$(limit 400 $((do_bench * 60 + do_peers * 90)))" "$out/sanitize.log" \
+    run_part sanitize "$(limit 400 $((do_bench * 60 + do_peers * 90 + do_flex * 120)))" "$out/sanitize.log" \
       "${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}" \
       --tool memcheck --error-exitcode 1 --leak-check no \
       "$build/tests/gpu/gpu_tests" --test-case-exclude='*large*'
@@ -175,7 +183,7 @@ if [ $do_bench -eq 1 ]; then
     [ $quick -eq 1 ] && args+=(--quick)
     # shellcheck disable=SC2206
     args+=($bench_args)
-    run_part bench "$(limit 200 $((do_peers * 90)))" "$out/bench.log" "$bench_bin" "${args[@]}"
+    run_part bench "$(limit 200 $((do_peers * 90 + do_flex * 120)))" "$out/bench.log" "$bench_bin" "${args[@]}"
   else
     order+=(bench); result[bench]="not run (no cuda_benchmark binary)"
   fi
@@ -188,9 +196,21 @@ if [ $do_peers -eq 1 ]; then
     [ $quick -eq 1 ] && args+=(--quick)
     # shellcheck disable=SC2206
     args+=($peers_args)
-    run_part peers "$(limit 300 15)" "$out/peers.log" python3 "$root/bench/compare_sdpa.py" "${args[@]}"
+    run_part peers "$(limit 300 $((15 + do_flex * 120)))" "$out/peers.log" python3 "$root/bench/compare_sdpa.py" "${args[@]}"
   else
     order+=(peers); result[peers]="not run (no libflashattn.so)"
+  fi
+fi
+
+# ---- the variants beside FlexAttention ----
+if [ $do_flex -eq 1 ]; then
+  if [ -n "$lib" ]; then
+    args=(--lib "$lib" --out "$out/flex.json")
+    # shellcheck disable=SC2206
+    args+=($flex_args)
+    run_part flex "$(limit 300 15)" "$out/flex.log" python3 "$root/bench/compare_flex.py" "${args[@]}"
+  else
+    order+=(flex); result[flex]="not run (no libflashattn.so)"
   fi
 fi
 
@@ -250,9 +270,12 @@ if os.path.exists(peers) and os.path.getsize(peers) > 0:
               f"{(f'{ms:.2f} ms' if ms else 'n/a'):>10}  {(f'{mem / 1e9:.2f} GB' if mem is not None else 'n/a'):>9}")
 PY
   fi
-  if [ -s "$out/peers.json" ]; then
-    echo "targets: $(python3 "$root/bench/targets.py" --peers "$out/peers.json" | tail -1)" \
-      "(the misses: python3 bench/targets.py --peers peers.json --misses-only)"
+  targets_args=()
+  [ -s "$out/peers.json" ] && targets_args+=(--peers "$out/peers.json")
+  [ -s "$out/flex.json" ] && targets_args+=(--flex "$out/flex.json")
+  if [ ${#targets_args[@]} -gt 0 ]; then
+    echo "targets: $(python3 "$root/bench/targets.py" "${targets_args[@]}" | tail -1)" \
+      "(the misses: python3 bench/targets.py ${targets_args[*]/#$out\//} --misses-only)"
   fi
   echo "logs: $out"
 } | tee "$out/summary.txt"
