@@ -131,13 +131,14 @@ if [ $do_tests -eq 1 ]; then
   if [ $build_ok -eq 0 ]; then
     # The three gpu_tests suites and any other gpu-labelled test run side by side; -V keeps
     # what passing tests print (device banner, flash availability, doctest counts).
-    # Then the sweeps once more with the mma.sync (sm80) kernels forced, so a Hopper machine
-    # tests both kernel families.
+    # Then the sweeps and the variants once more with the mma.sync (sm80) kernels forced, so a
+    # Hopper machine tests both kernel families (the variant suites take seconds).
     tests_cmd() {
       ctest --test-dir "$build" -L gpu -j 4 -V --timeout 600
       local rc=$?
-      echo "== forward and backward sweeps with FLASHATTN_TEST_FORCE_SM80=1 =="
-      FLASHATTN_TEST_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" --test-suite=gpu_forward,gpu_backward || rc=1
+      echo "== forward and backward sweeps and the variants with FLASHATTN_TEST_FORCE_SM80=1 =="
+      FLASHATTN_TEST_FORCE_SM80=1 "$build/tests/gpu/gpu_tests" \
+        --test-suite='gpu_forward,gpu_backward,gpu_variants*' || rc=1
       return $rc
     }
     export -f tests_cmd
