@@ -89,7 +89,7 @@ if [ "${BENCH:-fwd}" = decode ]; then
 python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
 import glob, json, sys
 vs = sys.argv[1:]
-cases, cudnn = {}, {}
+cases, cudnn, fa2 = {}, {}, {}
 for v in vs:
     for f in sorted(glob.glob(f"/tmp/ab-{v}-*.json")):
         for r in json.load(open(f)).get("decode", []):
@@ -99,19 +99,22 @@ for v in vs:
                     cases.setdefault(key, {}).setdefault(v, {}).setdefault(col, []).append(r[col + "_TBps"])
             if r.get("cudnn_TBps"):
                 cudnn.setdefault(key, []).append(r["cudnn_TBps"])
-print("decode TB/s of K+V per variant, best of two: contiguous / paged 16 / paged 64; cuDNN's best "
-      "over every run; ratio: contiguous over cuDNN")
+            if r.get("fa2_TBps"):
+                fa2.setdefault(key, []).append(r["fa2_TBps"])
+print("decode TB/s of K+V per variant, best of the repetitions: contiguous / paged 16 / paged 64; "
+      "the peers' best over every run; ratio: contiguous over cuDNN")
 for key in sorted(cases):
     B, Nk, Nq, causal = key
     best_cudnn = max(cudnn.get(key, [0]))
+    best_fa2 = max(fa2.get(key, [0]))
     cells = []
     for v in vs:
         cols = cases[key].get(v, {})
         best = [max(cols[c]) if c in cols else 0 for c in ("ours", "ours_paged16", "ours_paged64")]
         ratio = best[0] / best_cudnn if best_cudnn else float("nan")
         cells.append("%s %.2f/%.2f/%.2f (%.2f)" % ((v,) + tuple(best) + (ratio,)))
-    print("B%-3d Nk%-7d Nq%d%s  cuDNN %.2f  %s" % (B, Nk, Nq, " causal" if causal else "", best_cudnn,
-                                                 "  ".join(cells)))
+    print("B%-3d Nk%-7d Nq%d%s  FA2 %.2f  cuDNN %.2f  %s" % (B, Nk, Nq, " causal" if causal else "",
+                                                         best_fa2, best_cudnn, "  ".join(cells)))
 PY
 else
 python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
