@@ -73,6 +73,8 @@ for v in "${variants[@]}"; do
   echo "built $v at $((SECONDS - t0)) s"
 done
 if [ -n "${BUILD_ONLY:-}" ]; then echo "ab-bench: built in $((SECONDS - t0)) s"; exit 0; fi
+# An earlier invocation's results (more repetitions, other variants) must not join the table.
+rm -f /tmp/ab-v*-*.json /tmp/ab-v*-*.csv
 for rep in $(seq 1 "${REPS:-2}"); do
   for v in "${variants[@]}"; do
     if [ "${BENCH:-fwd}" = decode ]; then
