@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   // Stages the last step's dQ tile (acc_dq) in `stage` and adds this warp's part of it with one
   // bulk operation (when deterministic: in key-block order, complete before the semaphore moves).
   auto flush_dq = [&](int stage) {
-    if (pending_sem != nullptr) common::wait_dq_turn(pending_sem, pending_turn);
+    if (p.deterministic) common::wait_dq_turn(pending_sem, pending_turn);
     float* s_dq = reinterpret_cast<float*>(sQ + 2 * stage * TileQ::kElems);
 #pragma unroll
     for (int mi = 0; mi < kQM; ++mi)
@@ -134,12 +134,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       const int off = common::dq_block_offset(q_r0, q_c0, kHeadDim);
       common::bulk_reduce_add_f32(p.dq_accum + pending_dq + off, s_dq + off,
                                 Cfg::kDqRows * Cfg::kDqCols * 4);
-      if (pending_sem != nullptr) {
+      if (p.deterministic) {
         common::bulk_wait_all();
         __threadfence();
       }
     }
-    if (pending_sem != nullptr) common::pass_dq_turn(pending_sem, pending_turn);
+    if (p.deterministic) common::pass_dq_turn(pending_sem, pending_turn);
   };
 
   common::DsinkAccumulator dsink;  // the general loop's share of the sinks' gradient
@@ -327,16 +327,19 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
           }
         }
       }
-      // Deterministic: add in this key block's turn (BwdBlock::dq_turn).
-      int* sem = p.deterministic ? p.dq_semaphore + blk.dq_semaphore_index(p, head, m_block)
-                                 : nullptr;
+      // Deterministic: add in this key block's turn (BwdBlock::dq_turn). Both paths branch on
+      // the flag itself, not on a pointer left null without it: with the null test the d192
+      // general kernel polled address 0 in non-deterministic runs (memcheck, kernel log run
+      // 115), its compare seemingly reading the register before the zero that CS2R wrote.
+      const bool in_turns = p.deterministic;
+      int* sem = in_turns ? p.dq_semaphore + blk.dq_semaphore_index(p, head, m_block) : nullptr;
       if constexpr (kBulkDq) {
         pending_dq = stat_base * p.head_dim_padded;
         pending_sem = sem;
-        if (sem != nullptr) pending_turn = blk.dq_turn(p, m_block);
+        if (in_turns) pending_turn = blk.dq_turn(p, m_block);
       } else {
-        const int turn = sem != nullptr ? blk.dq_turn(p, m_block) : 0;
-        if (sem != nullptr) common::wait_dq_turn(sem, turn);
+        const int turn = in_turns ? blk.dq_turn(p, m_block) : 0;
+        if (in_turns) common::wait_dq_turn(sem, turn);
         float* dq = p.dq_accum + (stat_base + q_r0) * p.head_dim_padded + q_c0;
 #pragma unroll
         for (int mi = 0; mi < kQM; ++mi) {
@@ -358,7 +361,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
             }
           }
         }
-        if (sem != nullptr) {
+        if (in_turns) {
           __threadfence();
           common::pass_dq_turn(sem, turn);
         }
