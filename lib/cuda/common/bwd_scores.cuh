@@ -7,10 +7,12 @@
 // complete, the sinks' share of their gradient (add_dsinks_transposed). Neither changes
 // dS = P (dP - D), so both keep the loop's overlap.
 //
-// The general loop (a softcap or a huge scale; general_scores_transposed): in one pass, once
-// both S^T and dP^T are complete, S^T becomes P^T (the mod's logits, the masks), dP^T becomes
-// (dP^T - D) times the softcap's factor, so that dS^T = P^T * dP^T, and the sinks' share of the
-// gradient is added (common/dsink.cuh).
+// The general loop (a softcap, a huge scale or a packed batch; general_scores_transposed): the
+// caller runs the mod's first step (ScoreMod::prepare: the softcap's tanh, one MUFU op a score)
+// on S^T while the dP^T GEMM still runs; then in one pass, once dP^T is complete, the prepared
+// S^T becomes P^T (the mod's logits, the masks), dP^T becomes (dP^T - D) times the softcap's
+// factor, so that dS^T = P^T * dP^T, and the sinks' share of the gradient is added
+// (common/dsink.cuh). A softcap alone has a pass of its own (kernel log run 115: +14-16 %).
 #pragma once
 
 #include "cuda/common/dsink.cuh"
@@ -83,24 +85,33 @@ __device__ __forceinline__ void add_dsinks_transposed(int j, const float (&acc_s
   for (int e = 0; e < 4; ++e) dsink.add(share[e % 2], acc_s[4 * j + e], acc_dp[4 * j + e]);
 }
 
-template <int kCols8>  // query columns / 8
-__device__ __forceinline__ void general_scores_transposed(
+// The general pass for one kind of mod. kSoftcapOnly: a softcap without ALiBi or rounded logits
+// (the models' case), in fewer instructions a score: the logit's scale and the LSE in one FMA,
+// exp2 of it as the plain loop takes it (the LSE snap of exp2_from_lse is for rounded logits
+// only), no branch on the mod's other parts.
+template <int kCols8, bool kSoftcapOnly>
+__device__ __forceinline__ void general_scores_pass(
     float (&acc_s)[kCols8 * 4], float (&acc_dp)[kCols8 * 4], const float* lse2, const float* dsum,
     const ScoreMod& mod, const WindowMask& mask, bool masked, int key0, int q0, int t,
     float sink2, bool with_dsinks, DsinkAccumulator& dsink) {
   int q_lo[2], q_hi[2];  // the queries that see each of the thread's two keys
 #pragma unroll
   for (int h = 0; h < 2; ++h) mask.queries_of(key0 + 8 * h, q_lo[h], q_hi[h]);
-  mod.prepare<kCols8 * 4>(acc_s);
   const float base = mod.distance(q0 + 2 * t, key0);
 #pragma unroll
   for (int j = 0; j < kCols8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * j + 2 * t + (e % 2);
-      float dcap;
-      const float x = mod.finish(acc_s[4 * j + e], base + transposed_distance_step(j, e), dcap);
-      float prob = exp2_from_lse(x, lse2[col]);
+      float dcap, prob;
+      if constexpr (kSoftcapOnly) {
+        const float y = acc_s[4 * j + e];  // tanh
+        dcap = fmaf(-y, y, 1.0f);
+        prob = exp2_approx(fmaf(mod.cap2, y, -lse2[col]));
+      } else {
+        const float x = mod.finish(acc_s[4 * j + e], base + transposed_distance_step(j, e), dcap);
+        prob = exp2_from_lse(x, lse2[col]);
+      }
       if (masked && WindowMask::outside(q0 + col, q_lo[e / 2], q_hi[e / 2])) prob = 0.0f;
       if (with_dsinks) {
         dsink.add(DsinkAccumulator::sink_share(sink2, lse2[col]), prob, acc_dp[4 * j + e]);
@@ -108,6 +119,21 @@ __device__ __forceinline__ void general_scores_transposed(
       acc_s[4 * j + e] = prob;
       acc_dp[4 * j + e] = (acc_dp[4 * j + e] - dsum[col]) * dcap;
     }
+  }
+}
+
+// acc_s holds S^T after ScoreMod::prepare.
+template <int kCols8>  // query columns / 8
+__device__ __forceinline__ void general_scores_transposed(
+    float (&acc_s)[kCols8 * 4], float (&acc_dp)[kCols8 * 4], const float* lse2, const float* dsum,
+    const ScoreMod& mod, const WindowMask& mask, bool masked, int key0, int q0, int t,
+    float sink2, bool with_dsinks, DsinkAccumulator& dsink) {
+  if (mod.softcap && !mod.alibi && !mod.rounded) {
+    general_scores_pass<kCols8, true>(acc_s, acc_dp, lse2, dsum, mod, mask, masked, key0, q0, t,
+                                      sink2, with_dsinks, dsink);
+  } else {
+    general_scores_pass<kCols8, false>(acc_s, acc_dp, lse2, dsum, mod, mask, masked, key0, q0, t,
+                                       sink2, with_dsinks, dsink);
   }
 }
 

@@ -202,13 +202,15 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
     // P^T in place of S^T (fp32). Accumulator element (row, col) = (key, query): rows
     // 16 warp + g (+8), columns 8 j + 2 t (+1). In the plain loop the exponentials run while
-    // the dP^T group is still on the tensor cores; in the general one, after it, so that
-    // dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
+    // the dP^T group is still on the tensor cores; in the general one only the softcap's tanh
+    // does, the exponentials after it, so that dP^T - D takes the softcap's factor in the same
+    // pass (dS^T = P^T * that).
     uint32_t pt[kQSteps][4];   // P^T as the A operand of dV += P^T dO: k16 steps over queries
     uint32_t dst[kQSteps][4];  // dS^T likewise for dK += dS^T Q
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
     const common::WindowMask mask = blk.mask(p);  // the whole window, a left bound too
     if constexpr (kGeneral) {
+      mod.prepare<kBlockM / 8 * 4>(acc_s);  // the softcap's tanh under the dP^T GEMM
       wgmma_wait<0>();
       fence_registers(acc_s);
       fence_registers(acc_dp);

@@ -202,11 +202,13 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     fence_registers(acc_s);
 
     // P^T in place of S^T. Element (row, col) = (key 16 warp + g (+8), query 8 j + 2 t (+1) of
-    // this warpgroup's 32). In the general loop the exponentials wait for dP^T, so that
-    // dP^T - D takes the softcap's factor in the same pass (dS^T = P^T * that).
+    // this warpgroup's 32). In the general loop only the softcap's tanh runs under
+    // dP^T and the exponentials wait for it, so that dP^T - D takes the softcap's factor in the
+    // same pass (dS^T = P^T * that).
     const common::ScoreMod mod = common::score_mod_of(p, blk.batch, head, blk.mask(p));
     const common::WindowMask mask = blk.mask(p);  // the whole window, a left bound too
     if constexpr (kGeneral) {
+      mod.prepare<kQSplit / 8 * 4>(acc_s);  // the softcap's tanh under the dP^T GEMM
       wgmma_wait<0>();
       fence_registers(acc_s);
       fence_registers(acc_dp);
