@@ -22,8 +22,10 @@
 # same, and their builds are then incremental).
 #
 # Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a),
-# NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory and scheduler sections of
-# the last variant's forward kernel on those shapes, into ncu.txt).
+# NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory, scheduler and
+# instruction sections of the last variant's main kernel on those shapes, into ncu.txt), with
+# NCU_MODE (fwd, the default, or bwd: which kernel, ^fwd_kernel$ or ^bwd_kernel$) and NCU_EXTRA
+# (more cuda_benchmark arguments, such as "--softcap 30").
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -141,14 +143,19 @@ PY
 fi
 if [ -n "${NCU:-}" ]; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  mode=${NCU_MODE:-fwd}
+  # shellcheck disable=SC2206  # NCU_EXTRA is a list of arguments
+  extra=(${NCU_EXTRA:-})
   for shape in $NCU; do
     IFS=: read -r d s c <<< "$shape"
-    echo "== ncu d$d n$s causal=$c ==" >> "$out/ncu.txt"
-    timeout 120 "$ncu" --clock-control none -k regex:fwd_kernel --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
-      --section ComputeWorkloadAnalysis --section SchedulerStats \
-      "$(build_of "v$n")/examples/cuda/cuda_benchmark" --algo flash --fwd --dims "$d" --seqlens "$s" \
-      --causal "$c" --no-gpt2 --reps 1 --warmup 3 >> "$out/ncu.txt" 2>&1
+    echo "== ncu $mode d$d n$s causal=$c ${NCU_EXTRA:-} ==" >> "$out/ncu.txt"
+    # The main kernel's own name (the backward's pre- and postprocess are other kernels).
+    timeout 120 "$ncu" --clock-control none -k "regex:^${mode}_kernel\$" --launch-skip 3 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
+      --section InstructionStats \
+      "$(build_of "v$n")/examples/cuda/cuda_benchmark" --algo flash "--$mode" --dims "$d" \
+      --seqlens "$s" --causal "$c" --no-gpt2 --reps 1 --warmup 3 "${extra[@]}" >> "$out/ncu.txt" 2>&1
   done
 fi
 echo "ab-bench: $((SECONDS - t0)) s"
