@@ -85,8 +85,8 @@ __device__ __forceinline__ void add_dsinks_transposed(int j, const float (&acc_s
   for (int e = 0; e < 4; ++e) dsink.add(share[e % 2], acc_s[4 * j + e], acc_dp[4 * j + e]);
 }
 
-// The general pass for one kind of mod. kSoftcapOnly: a softcap without ALiBi or rounded logits
-// (the models' case), in fewer instructions a score: the logit's scale and the LSE in one FMA,
+// The general pass for one kind of mod. kSoftcapOnly (ScoreMod::softcap_only), in fewer
+// instructions a score: the logit's scale and the LSE in one FMA,
 // exp2 of it as the plain loop takes it (the LSE snap of exp2_from_lse is for rounded logits
 // only), no branch on the mod's other parts.
 template <int kCols8, bool kSoftcapOnly>
@@ -128,7 +128,7 @@ __device__ __forceinline__ void general_scores_transposed(
     float (&acc_s)[kCols8 * 4], float (&acc_dp)[kCols8 * 4], const float* lse2, const float* dsum,
     const ScoreMod& mod, const WindowMask& mask, bool masked, int key0, int q0, int t,
     float sink2, bool with_dsinks, DsinkAccumulator& dsink) {
-  if (mod.softcap && !mod.alibi && !mod.rounded) {
+  if (mod.softcap_only()) {
     general_scores_pass<kCols8, true>(acc_s, acc_dp, lse2, dsum, mod, mask, masked, key0, q0, t,
                                       sink2, with_dsinks, dsink);
   } else {

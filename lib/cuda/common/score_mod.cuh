@@ -87,6 +87,9 @@ struct ScoreMod {
     if (alibi) x = with_alibi(x, distance);
     return x;
   }
+  // A softcap without ALiBi or rounded logits (the models' case), for which the backward's
+  // general loop has a form of its own (common/bwd_scores.cuh).
+  __device__ __forceinline__ bool softcap_only() const { return softcap && !alibi && !rounded; }
   // ALiBi's bias on a log2 logit at the distance query + diag - key.
   __device__ __forceinline__ float with_alibi(float x, float distance) const {
     return fmaf(-slope2, fabsf(distance), x);
