@@ -21,7 +21,11 @@
 # then call again for the timings (the variants' folders are kept when their patches are the
 # same, and their builds are then incremental).
 #
-# Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a),
+# The variants are built with FLASHATTN_TEST_HOOKS, so FLASHATTN_TEST_FORCE_SM80=1 in the
+# environment times the sm80 kernels on Hopper.
+#
+# Environment: OUT (where ab.txt goes; default ./gpu-out), ARCHS (default 90a), VARIANTS
+# (the variants timed, e.g. "v0 v3"; default all),
 # NCU ("d:seqlen:causal ..."; ncu's speed-of-light, warp-state, memory, scheduler and
 # instruction sections of the last variant's main kernel on those shapes, into ncu.txt), with
 # NCU_MODE (fwd, the default, or bwd: which kernel, ^fwd_kernel$ or ^bwd_kernel$) and NCU_EXTRA
@@ -29,7 +33,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
-[ $# -ge 1 ] || { sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 2; }
 patch_dir=$(cd "$1" && pwd); shift
 [ "${1:-}" = "--" ] && shift
 bench_args=("$@")
@@ -69,7 +73,8 @@ for v in "${variants[@]}"; do
     stamp_of "$v" > "$dir/.ab-stamp"
   fi
   { cmake -S "$dir" -B "$dir/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DFLASHATTN_CUDA_ARCHS="${ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_EXAMPLES=ON &&
+      -DFLASHATTN_CUDA_ARCHS="${ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_EXAMPLES=ON \
+      -DFLASHATTN_TEST_HOOKS=ON &&
     ninja -C "$dir/build-ab" flashattn cuda_benchmark; } > "/tmp/ab-build-$v.log" 2>&1 ||
     { echo "ab-bench: build of $v failed"; tail -30 "/tmp/ab-build-$v.log"; exit 1; }
   echo "built $v at $((SECONDS - t0)) s"
@@ -77,6 +82,9 @@ done
 if [ -n "${BUILD_ONLY:-}" ]; then echo "ab-bench: built in $((SECONDS - t0)) s"; exit 0; fi
 # An earlier invocation's results (more repetitions, other variants) must not join the table.
 rm -f /tmp/ab-v*-*.json /tmp/ab-v*-*.csv
+# VARIANTS="v0 v3" times only those (all are built, so that a later call can time the others).
+# shellcheck disable=SC2206  # a list of names
+[ -n "${VARIANTS:-}" ] && variants=(${VARIANTS})
 for rep in $(seq 1 "${REPS:-2}"); do
   for v in "${variants[@]}"; do
     if [ "${BENCH:-fwd}" = decode ]; then
