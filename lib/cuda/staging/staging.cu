@@ -16,7 +16,7 @@ constexpr int kCopyWarps = kCopyThreads / 32;
 constexpr int64_t kMaxCopyBlocks = 8192;  // a grid-stride loop covers the rest
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-int64_t round_to_granule(int64_t d) { return (d + kGranuleElems - 1) / kGranuleElems * kGranuleElems; }
+int64_t round_staged_dim(int64_t d) { return (d + kStagedDimElems - 1) / kStagedDimElems * kStagedDimElems; }
 
 constexpr RowView kAllViews[] = {kRowsQ,    kRowsK,  kRowsV,  kRowsOut,
                                  kRowsDout, kRowsDq, kRowsDk, kRowsDv};
@@ -199,11 +199,11 @@ Staging plan_staging(const Problem& p, bool backward) {
   // granule: all of them are copied, so that the kernels see the rounded head dim throughout.
   if (p.head_dim % kGranuleElems != 0) {
     s.views |= qk_side;
-    s.head_dim = round_to_granule(p.head_dim);
+    s.head_dim = round_staged_dim(p.head_dim);
   }
   if (p.head_dim_v % kGranuleElems != 0) {
     s.views |= v_side;
-    s.head_dim_v = round_to_granule(p.head_dim_v);
+    s.head_dim_v = round_staged_dim(p.head_dim_v);
   }
   for (RowView v : kAllViews) {
     if (!s.has(v)) continue;

@@ -2,8 +2,9 @@
 // boundaries (a head dim that is not a multiple of 8 elements, a stride that is not, a data
 // pointer off 16 bytes) — go through aligned copies in the workspace: inputs copied in before
 // the kernels, outputs copied back after. A head dim that is not a multiple of 8 is rounded up
-// to one in the copies, the columns added zero (they add nothing to q.k, and give output
-// columns that are not copied back), so the kernels see whole 16-byte granules everywhere.
+// in the copies to a multiple of 16, the columns added zero (they add nothing to q.k, and give
+// output columns that are not copied back), so the kernels see whole 16-byte granules
+// everywhere.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,10 @@ namespace cuda {
 
 // Elements of a 16-byte granule of the 16-bit dtypes the kernels take.
 constexpr int64_t kGranuleElems = 8;
+// What a copied head dim is rounded up to: the wgmma's k step (16 elements), so that a head dim
+// such as 100 runs on the kernel of 112 with rows of 224 bytes, not rows of 208 (104 columns,
+// which the kernel of 112 reads at ~0.73x of its own dim's speed: kernel log, run 79).
+constexpr int64_t kStagedDimElems = 16;
 
 // The copies of one call: which views (RowView bits), the head dims the kernels then see, and
 // where each copy lies in the staging area (the workspace's start; offsets 256-byte aligned).
