@@ -85,10 +85,10 @@ __device__ __forceinline__ void add_dsinks_transposed(int j, const float (&acc_s
   for (int e = 0; e < 4; ++e) dsink.add(share[e % 2], acc_s[4 * j + e], acc_dp[4 * j + e]);
 }
 
-// The general pass for one kind of mod. kSoftcapOnly (ScoreMod::softcap_only), in fewer
-// instructions a score: the logit's scale and the LSE in one FMA,
-// exp2 of it as the plain loop takes it (the LSE snap of exp2_from_lse is for rounded logits
-// only), no branch on the mod's other parts.
+// The general pass for one kind of mod. kSoftcapOnly (ScoreMod::softcap_only): the arithmetic
+// of ScoreMod::prob_from_prepared<true>, written out here because the call form schedules this
+// kernel differently (the same instructions) and ran the d64 softcap backward ~1 % slower
+// (kernel log, run 119).
 template <int kCols8, bool kSoftcapOnly>
 __device__ __forceinline__ void general_scores_pass(
     float (&acc_s)[kCols8 * 4], float (&acc_dp)[kCols8 * 4], const float* lse2, const float* dsum,

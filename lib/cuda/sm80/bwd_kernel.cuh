@@ -214,46 +214,56 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     if (modded) mod.prepare<kSM * kSN * 4>(&acc_s[0][0][0]);
     // The ALiBi distance of element (mi, hh, nt, e) is this base plus constants.
     const float base = mod.distance(m0 + s_r0 + g, n0 + s_c0 + 2 * t);
+    // kCapOnly: a softcap alone (ScoreMod::softcap_only), the general loop's own form.
+    auto scores = [&](auto cap_only) {
+      constexpr bool kCapOnly = decltype(cap_only)::value;
 #pragma unroll
-    for (int mi = 0; mi < kSM; ++mi) {
+      for (int mi = 0; mi < kSM; ++mi) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = s_r0 + mi * 16 + g + hh * 8;
-        const int row = m0 + r;
-        int key_lo, key_hi;  // the keys this query sees
-        mask.keys_of(row, key_lo, key_hi);
-        const float lse2 = s_lse2[r], dsum = s_dsum[r];
-        const float sink_share = kGeneral && with_dsinks ? dsink.sink_share(sink2, lse2) : 0.0f;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = s_r0 + mi * 16 + g + hh * 8;
+          const int row = m0 + r;
+          int key_lo, key_hi;  // the keys this query sees
+          mask.keys_of(row, key_lo, key_hi);
+          const float lse2 = s_lse2[r], dsum = s_dsum[r];
+          [[maybe_unused]] const float sink_share =
+              kGeneral && with_dsinks ? dsink.sink_share(sink2, lse2) : 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < kSN; ++nt) {
-          float pv[2], ds[2];
+          for (int nt = 0; nt < kSN; ++nt) {
+            float pv[2], ds[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = s_c0 + nt * 8 + 2 * t + e;
-            const float s = acc_s[mi][nt][hh * 2 + e];
-            float dcap = 1.0f;
-            float prob;
-            if (modded) {
-              const float distance = base + static_cast<float>(mi * 16 + hh * 8 - nt * 8 - e);
-              prob = common::exp2_from_lse(mod.finish(s, distance, dcap), lse2);
-            } else {
-              prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
+            for (int e = 0; e < 2; ++e) {
+              const int c = s_c0 + nt * 8 + 2 * t + e;
+              const float s = acc_s[mi][nt][hh * 2 + e];
+              float dcap = 1.0f;
+              float prob;
+              if (kCapOnly || modded) {
+                const float distance = base + static_cast<float>(mi * 16 + hh * 8 - nt * 8 - e);
+                prob = mod.prob_from_prepared<kCapOnly>(s, distance, lse2, dcap);
+              } else {
+                prob = common::exp2_approx(fmaf(s, p.scale_log2, -lse2));
+              }
+              if (need_mask && mask.outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
+              pv[e] = prob;
+              ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
+              if constexpr (kGeneral) {
+                ds[e] *= dcap;
+                if (with_dsinks) dsink.add(sink_share, prob, acc_dp[mi][nt][hh * 2 + e]);
+              }
             }
-            if (need_mask && mask.outside_keys(n0 + c, key_lo, key_hi)) prob = 0.0f;
-            pv[e] = prob;
-            ds[e] = prob * (acc_dp[mi][nt][hh * 2 + e] - dsum);
-            if constexpr (kGeneral) {
-              ds[e] *= dcap;
-              if (with_dsinks) dsink.add(sink_share, prob, acc_dp[mi][nt][hh * 2 + e]);
-            }
+            const int c = s_c0 + nt * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) =
+                common::pack2<T>(pv[0], pv[1]);
+            *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) =
+                common::pack2<T>(ds[0], ds[1]);
           }
-          const int c = s_c0 + nt * 8 + 2 * t;
-          *reinterpret_cast<uint32_t*>(sP + TileP::offset(r, c)) =
-              common::pack2<T>(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t*>(sdS + TileP::offset(r, c)) =
-              common::pack2<T>(ds[0], ds[1]);
         }
       }
+    };
+    if constexpr (kGeneral) {
+      common::specialize(mod.softcap_only(), scores);
+    } else {
+      scores(std::false_type{});
     }
     // Bulk path: this warp's add has read the other stage before the barrier, so the prefetch
     // after it may refill that stage.
