@@ -55,6 +55,9 @@ struct ScoreMod {
   float slope2 = 0.0f;  // slope * log2(e) (ALiBi only)
   int diag = 0;         // the mask's diagonal: query i sits at key i + diag
   bool softcap = false;
+  // No visible key lies right of the diagonal (causal, or a window's right bound 0): the ALiBi
+  // distance of every visible score is >= 0, its bias linear in the key.
+  bool left_only = false;
   bool alibi = false;
   bool rounded = false;  // |scale| > kRoundedLogitScale: logits as rounded products
 
@@ -127,10 +130,36 @@ struct ScoreMod {
 
   // A score fragment (rows = queries, the layout WindowMask::apply takes) into log2 logits:
   // the forward's form, which needs no dcap.
-  template <int kMTiles, int kNTiles>
+  // kFusedAlibi: causal ALiBi without a softcap in fewer operations a score (below), for a
+  // kernel with the registers for its branch (the Hopper forward; the sm80 forward's spills grew
+  // by up to 110 bytes with it).
+  template <int kMTiles, int kNTiles, bool kFusedAlibi = false>
   __device__ __forceinline__ void apply(float (&acc)[kMTiles * kNTiles * 4], int row0,
                                         int col0) const {
     constexpr int kN = kMTiles * kNTiles * 4;
+    const float base = distance(row0, col0);
+    // The distance of element (mt, hh, nt, e), less base.
+    auto step = [](int mt, int hh, int nt, int e) {
+      return static_cast<float>(16 * mt + 8 * hh - 8 * nt - e);
+    };
+    if (kFusedAlibi && alibi && left_only && !softcap && !rounded) {
+      // ALiBi alone where no visible key lies right of the diagonal: the bias needs no |.|, so
+      // -slope (base + step) is one FMA from the row's -slope base, and the scale joins it in a
+      // second (2 ops a score, not 3). A hidden score's bias is then wrong, and masked after.
+      const float row_bias = -slope2 * base;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = acc[(mt * kNTiles + nt) * 4 + 2 * hh + e];
+              x = fmaf(x, pre, fmaf(-slope2, step(mt, hh, nt, e), row_bias));
+            }
+      return;
+    }
     if (softcap) {
 #pragma unroll
       for (int i = 0; i < kN; ++i) acc[i] = cap2 * tanh_approx(acc[i] * pre);
@@ -139,7 +168,6 @@ struct ScoreMod {
       for (int i = 0; i < kN; ++i) acc[i] *= pre;
     }
     if (!alibi) return;
-    const float base = distance(row0, col0);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -149,7 +177,7 @@ struct ScoreMod {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = acc[(mt * kNTiles + nt) * 4 + 2 * hh + e];
-            x = with_alibi(x, base + static_cast<float>(16 * mt + 8 * hh - 8 * nt - e));
+            x = with_alibi(x, base + step(mt, hh, nt, e));
           }
   }
 };
@@ -162,6 +190,7 @@ __device__ __forceinline__ ScoreMod score_mod_of(const Params& p, int batch, int
   m.diag = mask.diag;
   m.softcap = p.softcap > 0.0f;
   m.alibi = p.alibi != nullptr;
+  m.left_only = mask.right == 0;
   m.rounded = fabsf(p.scale) > kRoundedLogitScale;
   m.pre = m.softcap ? p.scale / p.softcap : p.scale_log2;
   m.cap2 = p.softcap * kLog2e;

@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
         wgmma_wait<0>();
         fence_registers(acc_s);
         if (leader) mbar_arrive(k_empty + kv.index);
-        if (mod.active()) mod.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t);
+        if (mod.active()) mod.apply<1, kNTiles, true>(acc_s, row0, n * kBlockN + 2 * t);
         if (n < full_begin || n >= full_end) {
           mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
         }
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
           wgmma_wait<1>();  // S is done, P V may still run
           fence_registers(acc_s);
           if (leader) mbar_arrive(k_empty + kv.index);
-          if (mod.active()) mod.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t);
+          if (mod.active()) mod.apply<1, kNTiles, true>(acc_s, row0, n * kBlockN + 2 * t);
           if (n < full_begin || n >= full_end) {
             mask.apply<1, kNTiles>(acc_s, row0, n * kBlockN + 2 * t, hidden);
           }
