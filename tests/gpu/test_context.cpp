@@ -304,8 +304,8 @@ TEST_CASE("workspace: caller-owned memory of the queried size gives the same res
 }
 
 TEST_CASE("workspace: rows off 16 bytes are copied there; the query counts what it is shown") {
-  // Head dim 100 (tight rows of 200 bytes): q, k, v and out go through aligned copies of 104
-  // columns, which the query counts from the shapes alone.
+  // Head dim 100 (tight rows of 200 bytes): q, k, v and out go through aligned copies (of 112
+  // columns: at least 104), which the query counts from the shapes alone.
   Context c;
   Case odd = kSmall;
   odd.name = "head dim 100";
