@@ -6,7 +6,8 @@
 #   scripts/gpu/ab-bench.sh PATCH_DIR [-- CUDA_BENCHMARK_ARGS...]
 #
 # PATCH_DIR holds NN.patch files (git diff, applied in name order). v0 is this tree with every
-# patch reversed, vi is v0 plus patches 1..i, the last variant is this tree itself. Put the
+# patch reversed, vi is v0 plus patches 1..i, the last variant is this tree itself (a folder
+# without patches: the tree alone, v0). Put the
 # folder where the device call carries it (an ignored folder named in `carry`, e.g. .carry/).
 # CUDA_BENCHMARK_ARGS default to the forward sweep: --algo flash --fwd --no-gpt2 --dims
 # 64,128,256 --seqlens 512,...,16384 --causal both.
@@ -44,7 +45,10 @@ mkdir -p "$out"
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 
+# No patches: v0 is the tree, timed alone (a measurement or an ncu pass without a change).
+shopt -s nullglob
 patches=("$patch_dir"/*.patch)
+shopt -u nullglob
 n=${#patches[@]}
 variants=()
 for i in $(seq 0 "$n"); do variants+=("v$i"); done
