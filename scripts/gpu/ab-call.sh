@@ -54,10 +54,12 @@ mkdir -p "$work"
 
 if [ "$apply" = 1 ]; then
   applied=0
+  shopt -s nullglob
   for p in "$patch_dir"/*.patch; do
     patch -s -p1 < "$p" || { echo "ab-call: applying $p failed"; exit 1; }
     applied=$((applied + 1))
   done
+  shopt -u nullglob
   echo "ab-call: applied $applied patches"
 fi
 
