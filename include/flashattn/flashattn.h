@@ -463,11 +463,14 @@ FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
  * configuration. Data pointers may be NULL. 0 means none.
  * On CUDA the flash algorithm reads views whose rows do not start on 16-byte boundaries (a head
  * dim that is not a multiple of 8, a stride that is not, a data pointer off 16 bytes) through
- * aligned copies in the workspace. The answer counts the copies of what it is shown: the head
- * dims, the strides of q, k and v, and their data pointers when given (outputs are taken to be
- * aligned when their head dim is a multiple of 8). A call whose views need more (an output's
- * strides, a pointer the query did not see) answers FLASHATTN_ERROR_WORKSPACE_TOO_SMALL with the
- * size it needs; with a NULL workspace the context's scratch grows to it.
+ * aligned copies in the workspace; the forward on Hopper (sm_90) also views whose head dim is
+ * above 64 and a multiple of 8 but not of 16, such as 104 (its kernels read such rows faster
+ * copied, zero-padded to 16). The answer
+ * counts the copies of what it is shown: the head dims, the strides of q, k and v, and their data
+ * pointers when given (outputs are taken to be aligned when their head dim is a multiple of 8).
+ * A call whose views need more (an output's strides, a pointer the query did not see) answers
+ * FLASHATTN_ERROR_WORKSPACE_TOO_SMALL with the size it needs; with a NULL workspace the
+ * context's scratch grows to it.
  * \retval FLASHATTN_SUCCESS
  * \retval FLASHATTN_ERROR_INVALID_ARGUMENT  out or ctx is NULL
  * \retval FLASHATTN_ERROR_INVALID_*, FLASHATTN_ERROR_UNSUPPORTED  as flashattn_supported

@@ -116,6 +116,10 @@ Arch device_arch(const DeviceInfo& dev) {
   return dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80() ? Arch::Sm90 : Arch::Sm80;
 }
 
+// Whether the kernels that run on dev read rows by TMA boxes (the Hopper family), which
+// plan_staging copies more views for.
+bool tma_kernels(const DeviceInfo& dev) { return device_arch(dev) == Arch::Sm90; }
+
 template <class Launcher, size_t N>
 const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceInfo& dev,
                                DType dtype, int64_t head_dim) {
@@ -254,7 +258,7 @@ size_t kernel_workspace_size(const Problem& p, bool backward, const DeviceInfo& 
 
 // The copies of unaligned views (cuda/staging) first, then the kernels' own workspace.
 size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
-  const Staging s = plan_staging(p, backward);
+  const Staging s = plan_staging(p, backward, tma_kernels(dev));
   const size_t kernels = kernel_workspace_size(staged_problem(p, s), backward, dev);
   size_t total;
   return __builtin_add_overflow(s.bytes, kernels, &total) ? SIZE_MAX : total;
@@ -428,10 +432,10 @@ cudaError_t kernel_backward(const BackwardArgs& a, void* workspace, size_t works
 // the workspace's start, the kernels' workspace after them.
 template <class Args, class Kernels>
 cudaError_t staged_call(const Args& user, bool backward, void* workspace, size_t workspace_size,
-                        cudaStream_t stream, Kernels kernels) {
+                        const DeviceInfo& dev, cudaStream_t stream, Kernels kernels) {
   Problem actual = user.problem;
   actual.unaligned_rows = unaligned_rows_of(user);
-  const Staging s = plan_staging(actual, backward);
+  const Staging s = plan_staging(actual, backward, tma_kernels(dev));
   if (!s.any()) return kernels(user, workspace, workspace_size);
   if (workspace == nullptr || workspace_size < s.bytes) return cudaErrorInvalidValue;
   Args staged = user;
@@ -447,7 +451,7 @@ cudaError_t staged_call(const Args& user, bool backward, void* workspace, size_t
 
 cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspace_size,
                           const DeviceInfo& dev, cudaStream_t stream) {
-  return staged_call(a, false, workspace, workspace_size, stream,
+  return staged_call(a, false, workspace, workspace_size, dev, stream,
                      [&](const ForwardArgs& k, void* ws, size_t size) {
                        return kernel_forward(k, ws, size, dev, stream);
                      });
@@ -455,7 +459,7 @@ cudaError_t flash_forward(const ForwardArgs& a, void* workspace, size_t workspac
 
 cudaError_t flash_backward(const BackwardArgs& a, void* workspace, size_t workspace_size,
                            const DeviceInfo& dev, cudaStream_t stream) {
-  return staged_call(a, true, workspace, workspace_size, stream,
+  return staged_call(a, true, workspace, workspace_size, dev, stream,
                      [&](const BackwardArgs& k, void* ws, size_t size) {
                        return kernel_backward(k, ws, size, dev, stream);
                      });

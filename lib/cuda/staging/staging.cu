@@ -187,7 +187,7 @@ cudaError_t unstage(const Staging& s, const Problem& p, RowView v, const Tensor4
 
 }  // namespace
 
-Staging plan_staging(const Problem& p, bool backward) {
+Staging plan_staging(const Problem& p, bool backward, bool tma_kernels) {
   Staging s;
   s.head_dim = p.head_dim;
   s.head_dim_v = p.head_dim_v;
@@ -197,11 +197,17 @@ Staging plan_staging(const Problem& p, bool backward) {
   s.views = p.unaligned_rows & (qk_side | v_side);
   // A head dim off the granule leaves every row of its views off 16 bytes, or ending inside a
   // granule: all of them are copied, so that the kernels see the rounded head dim throughout.
-  if (p.head_dim % kGranuleElems != 0) {
+  // For the Hopper forward, likewise a head dim off 16 past one TMA box (staging.hpp).
+  const bool hopper_forward = tma_kernels && !backward;
+  const auto copied = [&](int64_t dim) {
+    return dim % kGranuleElems != 0 ||
+           (hopper_forward && dim > kTmaBoxElems && dim % kStagedDimElems != 0);
+  };
+  if (copied(p.head_dim)) {
     s.views |= qk_side;
     s.head_dim = round_staged_dim(p.head_dim);
   }
-  if (p.head_dim_v % kGranuleElems != 0) {
+  if (copied(p.head_dim_v)) {
     s.views |= v_side;
     s.head_dim_v = round_staged_dim(p.head_dim_v);
   }
