@@ -48,6 +48,13 @@ constexpr int W = FA_W;
 constexpr int RMAX = FA_RMAX;
 constexpr int NVMAX = FA_NVMAX;
 constexpr int KC = 256;  // GEMM depth per pass, so the B panel stays in L2
+// Flash forward in fp32 GEMMs: keys per step, the depth of P V (whose accumulators, O's rows,
+// are loaded and stored once per step) and the rows of S^T = K Q^T.
+#ifdef FA_FORWARD_KEYS
+constexpr int kForwardKeys = FA_FORWARD_KEYS;
+#else
+constexpr int kForwardKeys = kBlockK;
+#endif
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr double kLn2d = 0.69314718055994530942;
 constexpr double kLog2ed = 1.44269504088896340736;
@@ -1217,8 +1224,9 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
   // Keys per step: with P V on tiles, twice a tile, so that each product's depth is long
-  // enough to pay for loading and storing its accumulators.
-  constexpr int kKeys = uses_pairs<E>() && kPairsTimesV ? kPairsForwardKeys : kBlockK;
+  // enough to pay for loading and storing its accumulators; else the copy's own count.
+  constexpr int kKeys = uses_pairs<E>() && kPairsTimesV ? kPairsForwardKeys : kForwardKeys;
+  static_assert(kKeys <= kMaxForwardKeys, "the workspace's tiles hold a step");
   float* K = t.at(pl.t_kt);  // [kKeys][dp]
   float* V = t.at(pl.t_v);   // [kKeys][dvp]
   float* St = t.at(pl.t_s);  // [kKeys][kBlockQ]
