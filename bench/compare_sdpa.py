@@ -2,8 +2,8 @@
 """libflashattn beside PyTorch's scaled_dot_product_attention, in one process on one GPU.
 
 For the FlashAttention papers' shapes (16k tokens: batch = 16384 / seqlen; hidden 2048:
-heads = 2048 / head_dim; head dims 64/128/256; seqlen 512..16k; causal and not) it times, with
-triton.testing.do_bench (median, L2 flushed between runs):
+heads = 2048 / head_dim, rounded; head dims 64/128/256; seqlen 512..16k; causal and not) it
+times, with triton.testing.do_bench (median, L2 flushed between runs):
 
   ours   libflashattn through ctypes (the .so given by --lib), algorithm flash (and standard
          with --algo both), on [B, N, H, D] tensors, enqueued on torch's current stream;
@@ -292,11 +292,12 @@ class Progress:
 
 def sweep_shapes(args):
     """(batch, seqlen, heads, head_dim, causal) of the sweep, in the order they run: 16k tokens
-    and hidden 2048, so seqlens that do not divide 16384 and head dims that do not divide 2048
-    are left out."""
-    return [(16384 // n, n, 2048 // d, d, causal)
+    and hidden 2048, so seqlens that do not divide 16384 are left out; a head dim that does not
+    divide 2048 (72, 104, ...) gets the nearest whole number of heads (hidden within a head dim
+    of 2048), which its row in the table shows."""
+    return [(16384 // n, n, max(1, round(2048 / d)), d, causal)
             for d in args.dims for causal in args.causal for n in args.seqlens
-            if 16384 % n == 0 and 2048 % d == 0]
+            if 16384 % n == 0]
 
 
 # Page sizes of the paged decode columns (ours only: the peers take no pages through SDPA).
