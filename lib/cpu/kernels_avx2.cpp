@@ -10,8 +10,8 @@
 #define FA_RMAX 6
 #define FA_NVMAX 2
 #define FA_FMA 1
-// Flash forward: 128 keys a step, P V's depth twice a tile's: 2-9 % faster than 64 on an AVX2
-// EPYC Zen 1 (docs/perf/cpu-2026-12-06-zen1.md).
+// Flash forward: 128 keys a step, P V's depth twice a tile's: forward 1.5-5 % faster than 64 on
+// an AVX2 EPYC Zen 1 (docs/perf/cpu-2026-12-06-zen1.md).
 #define FA_FORWARD_KEYS 128
 #define FA_VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #include "cpu/kernels_copy.inc"
