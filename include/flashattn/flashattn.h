@@ -465,7 +465,7 @@ FLASHATTN_API flashattn_status_t flashattn_supported(flashattn_context_t ctx,
  * dim that is not a multiple of 8, a stride that is not, a data pointer off 16 bytes) through
  * aligned copies in the workspace; the forward on Hopper (sm_90) also views whose head dim is
  * above 64 and a multiple of 8 but not of 16, such as 104 (its kernels read such rows faster
- * copied, zero-padded to 16). The answer
+ * copied, zero-padded to 16), unless it is a decode step (few query rows). The answer
  * counts the copies of what it is shown: the head dims, the strides of q, k and v, and their data
  * pointers when given (outputs are taken to be aligned when their head dim is a multiple of 8).
  * A call whose views need more (an output's strides, a pointer the query did not see) answers

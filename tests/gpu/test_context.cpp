@@ -13,6 +13,7 @@
 
 #include "gpu_harness.hpp"
 #include "standard_emulation.hpp"
+#include "variant_harness.hpp"
 
 namespace {
 
@@ -358,6 +359,46 @@ TEST_CASE("workspace: rows off 16 bytes are copied there; the query counts what 
   GPU_FA_OK(flashattn_forward(c.ctx, &q_off, &a.k, &a.v, &a.o, &a.l, &fo, ws.get(), shown));
   GPU_FA_OK(flashattn_context_synchronize(c.ctx));
   CHECK(a.fetch_out() == aligned_out);  // the same kernel on the same values
+}
+
+TEST_CASE("workspace: head dim 104 is copied for the Hopper forward, not for a decode step") {
+  // Aligned rows of 104 columns (208 bytes): the Hopper flash forward reads them faster copied
+  // to 112 columns (kernel log, run 122), so there the query counts copies of q, k, v and out.
+  // A decode step (one query row) runs the decode kernel, which reads rows by cp.async: copying
+  // K and V would only add to its traffic, and nothing is copied. Nor is anything on sm80.
+  Context c;
+  const bool hopper = gpu_variants::family_of(FLASHATTN_ALGORITHM_FLASH,
+                                              gpu_variants::Pass::Forward, {}) ==
+                      gpu_variants::Family::FlashSm90;
+  Case wide{"head dim 104", BF16, 1, 256, 4096, 4, 2, 104, false, 0.0f, Layout::Contiguous};
+  wide.emulate = false;
+  const size_t kv_bytes = size_t(2) * size_t(wide.b * wide.nk * wide.hkv) * 104 * 2;  // K and V
+  for (const int64_t nq : {int64_t(256), int64_t(1)}) {
+    CAPTURE(nq);
+    Case shape = wide;
+    shape.nq = nq;
+    Small s(11, shape);
+    const flashattn_options_t opts = s.options(FLASHATTN_ALGORITHM_FLASH);
+    REQUIRE(flashattn_supported(c.ctx, &s.q, &s.k, &s.v, &opts, 0) == FLASHATTN_SUCCESS);
+    size_t need = 0;
+    GPU_FA_OK(flashattn_workspace_size(&need, c.ctx, &s.q, &s.k, &s.v, &opts, 0));
+    const size_t rows_q = size_t(shape.b * shape.nq * shape.hq);
+    if (hopper && nq > 1) {
+      CHECK(need >= 2 * rows_q * 112 * 2 + kv_bytes / 104 * 112);
+    } else {
+      CHECK(need < kv_bytes);
+    }
+    GPU_FA_OK(s.forward(c.ctx, nullptr, 0, FLASHATTN_ALGORITHM_FLASH));
+    GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+    const std::vector<double> with_scratch = s.fetch_out();
+    for (double x : with_scratch) REQUIRE(std::isfinite(x));
+    DeviceMemory ws(need > 0 ? need : 256);
+    s.out.poison();
+    s.dev.upload(s.out);
+    GPU_FA_OK(s.forward(c.ctx, ws.get(), need > 0 ? need : 256, FLASHATTN_ALGORITHM_FLASH));
+    GPU_FA_OK(flashattn_context_synchronize(c.ctx));
+    CHECK(s.fetch_out() == with_scratch);
+  }
 }
 
 TEST_CASE("streams: the caller's stream is used as given; NULL returns to the context's own") {

@@ -116,9 +116,14 @@ Arch device_arch(const DeviceInfo& dev) {
   return dev.sm_major == 9 && dev.sm_minor == 0 && !force_sm80() ? Arch::Sm90 : Arch::Sm80;
 }
 
-// Whether the kernels that run on dev read rows by TMA boxes (the Hopper family), which
-// plan_staging copies more views for.
-bool tma_kernels(const DeviceInfo& dev) { return device_arch(dev) == Arch::Sm90; }
+// Whether the kernels that take p on dev read its rows in TMA boxes, which plan_staging copies
+// more views for: the Hopper family, but not the decode kernel (few query rows, read by
+// cp.async), for which copying K and V would only add their traffic. Asked of the problem as
+// the caller gives it: its copies only widen the head dims, which never makes the decode
+// kernel apply where it did not.
+bool tma_kernels(const Problem& p, const DeviceInfo& dev) {
+  return device_arch(dev) == Arch::Sm90 && !plan_decode(p, dev).applies;
+}
 
 template <class Launcher, size_t N>
 const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceInfo& dev,
@@ -258,7 +263,7 @@ size_t kernel_workspace_size(const Problem& p, bool backward, const DeviceInfo& 
 
 // The copies of unaligned views (cuda/staging) first, then the kernels' own workspace.
 size_t flash_workspace_size(const Problem& p, bool backward, const DeviceInfo& dev) {
-  const Staging s = plan_staging(p, backward, tma_kernels(dev));
+  const Staging s = plan_staging(p, backward, tma_kernels(p, dev));
   const size_t kernels = kernel_workspace_size(staged_problem(p, s), backward, dev);
   size_t total;
   return __builtin_add_overflow(s.bytes, kernels, &total) ? SIZE_MAX : total;
@@ -435,7 +440,7 @@ cudaError_t staged_call(const Args& user, bool backward, void* workspace, size_t
                         const DeviceInfo& dev, cudaStream_t stream, Kernels kernels) {
   Problem actual = user.problem;
   actual.unaligned_rows = unaligned_rows_of(user);
-  const Staging s = plan_staging(actual, backward, tma_kernels(dev));
+  const Staging s = plan_staging(actual, backward, tma_kernels(actual, dev));
   if (!s.any()) return kernels(user, workspace, workspace_size);
   if (workspace == nullptr || workspace_size < s.bytes) return cudaErrorInvalidValue;
   Args staged = user;

@@ -4,11 +4,11 @@
 // the kernels, outputs copied back after. A head dim that is not a multiple of 8 is rounded up
 // in the copies to a multiple of 16, the columns added zero (they add nothing to q.k, and give
 // output columns that are not copied back), so the kernels see whole 16-byte granules
-// everywhere. For the Hopper forward, a head dim that is a multiple of 8 but not of 16 and spans
-// more than one 64-column TMA box (72, 104, 120, ...) is copied the same way: aligned rows of
-// 104 columns ran at 0.70x of the kernel's own dim, copied at 0.81x (kernel log, run 122: d72
-// +17 %, d104 +16 %, d120 +9 %). Not below one box (40: the copy cost 8 %), nor for the
-// backward (within its noise, up to 5 % slower).
+// everywhere. For the Hopper forward (its TMA kernels, not the decode kernel), a head dim that
+// is a multiple of 8 but not of 16 and spans more than one 64-column TMA box (72, 104, 120, ...)
+// is copied the same way: aligned rows of 104 columns ran at 0.70x of the kernel's own dim,
+// copied at 0.81x (kernel log, run 122: d72 +17 %, d104 +16 %, d120 +9 %). Not below one box
+// (40: the copy cost 8 %), nor for the backward (within its noise, up to 5 % slower).
 #pragma once
 
 #include <cstddef>
@@ -44,7 +44,8 @@ struct Staging {
 };
 
 // What p's views need (p.unaligned_rows and the head dims); tma_kernels: the kernels that run
-// are the Hopper ones (their forward's head dims off 16 copied too, above). A KV cache is never copied (it is
+// read rows in TMA boxes (the Hopper flash forward, not the decode kernel: their head dims off
+// 16 are copied too, above). A KV cache is never copied (it is
 // read and appended in place); its views must be aligned (flash_unsupported_reason says so).
 Staging plan_staging(const Problem& p, bool backward, bool tma_kernels);
 
