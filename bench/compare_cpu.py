@@ -80,6 +80,9 @@ def parse_args():
     args.seqlens = [int(x) for x in args.seqlens.split(",")]
     args.causal = [c == "yes" for c in args.causal.split(",")]
     args.modes = args.modes.split(",")
+    for mode in args.modes:
+        if mode not in ("fwd", "fwdbwd"):
+            ap.error(f"--modes: {mode!r} is not one of fwd, fwdbwd")
     if args.quick:
         args.seqlens, args.repeats = [1024], 2
     return args
