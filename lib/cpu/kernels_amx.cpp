@@ -17,6 +17,7 @@
 #define FA_NVMAX 4
 #define FA_FMA 1
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define FA_VMAX(a, b) ((vf)_mm512_max_ps((__m512)(a), (__m512)(b)))
 #define FA_BF16_PAIRS 1
 #define FA_AMX 1
 #include "cpu/kernels_copy.inc"

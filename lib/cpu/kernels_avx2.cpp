@@ -14,5 +14,6 @@
 // an AVX2 EPYC Zen 1 (docs/perf/cpu-2026-12-06-zen1.md).
 #define FA_FORWARD_KEYS 128
 #define FA_VFMA(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define FA_VMAX(a, b) ((vf)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #include "cpu/kernels_copy.inc"
 #endif

@@ -9,5 +9,6 @@
 #define FA_NVMAX 4
 #define FA_FMA 1
 #define FA_VFMA(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define FA_VMAX(a, b) ((vf)_mm512_max_ps((__m512)(a), (__m512)(b)))
 #include "cpu/kernels_copy.inc"
 #endif
