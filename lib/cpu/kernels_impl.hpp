@@ -139,11 +139,12 @@ inline vf exp2v(vf x) {
 inline vf vabs(vf x) { return (vf)((vu)x & 0x7fffffffu); }
 
 // 2^x for x <= 0, the softmax's exponent (a score less its row's maximum or LSE): most of the
-// forward's time outside the GEMMs (without it, AVX2 d64 ran 14 % faster). Fewer multiply-pipe
-// instructions than exp2v: a degree-5 minimax polynomial (2.3e-7 relative at most, exp2v 9e-8),
-// no upper clamp, the zeros by a mask. exp2v's conventions: below -125 (-inf included) exactly
-// 0, never a denormal, NaN stays NaN; positive x is outside its range. AVX-512's exp2v is already
-// short (rounding and scaling instructions) and not timed against this: it keeps exp2v.
+// forward's time outside the GEMMs (without it, the AVX2 d64 forward took 14 % less time).
+// Fewer multiply-pipe instructions than exp2v: a degree-5 minimax polynomial (2.3e-7 relative
+// at most, exp2v 9e-8), no upper clamp, the zeros by a mask. exp2v's conventions: below -125
+// (-inf included) exactly 0, never a denormal, NaN stays NaN; positive x is outside its range.
+// AVX-512's exp2v is already short (rounding and scaling instructions) and was not timed
+// against this: it keeps exp2v.
 #if FA_W == 16
 inline vf exp2v_nonpositive(vf x) { return exp2v(x); }
 #else
@@ -163,7 +164,6 @@ inline vf exp2v_nonpositive(vf x) {
   return (vf)((vi)(p * scale) & ~below);
 }
 #endif
-
 
 // tanh to a few ulp. Below |y| = 1/2 the odd Taylor polynomial through y^17 (the first term
 // left out is under 2^-30 relative there); above, 1 - 2 / (e^{2|y|} + 1), whose cancellation
