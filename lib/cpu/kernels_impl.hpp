@@ -223,6 +223,9 @@ using MicroFn = void (*)(int, const float*, int64_t, int64_t, const float*, int6
 template <int R, int NV, bool kAccumulate>
 void micro_body(int K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t ldb,
                 float* C, int64_t ldc) {
+  // gemm() calls with a depth of 0 only to zero C; a path around the loop with C's values kept
+  // would cost the accumulators their registers again.
+  if (kAccumulate && K < 1) __builtin_unreachable();
   vf c[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
