@@ -219,7 +219,7 @@ using MicroFn = void (*)(int, const float*, int64_t, int64_t, const float*, int6
 // keeps c in registers from C's load to its store: as one function with a runtime flag (GCC 12)
 // it went through the stack on both sides, 48 more memory operations a call, which a call of
 // depth 64 (the backward's dV, dK and dQ) pays over 768 FMAs. AVX2 on an EPYC Zen 1: forward and
-// forward+backward 1-3 % faster (docs/perf/cpu-2026-12-07-zen1.md).
+// forward+backward 2-4.5 % faster (docs/perf/cpu-2026-12-07-zen1.md).
 template <int R, int NV, bool kAccumulate>
 void micro_body(int K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t ldb,
                 float* C, int64_t ldc) {
