@@ -26,6 +26,12 @@ struct BwdConfig {
   // the add longer to complete, but a warp still waiting there holds the CTA barrier after it.
   // Measured (kernel log, run 110): mid-step d128 +2-5 %, d64 -2-4 %; why they differ is open.
   static constexpr bool kDqTurnPassMidStep = kHeadDim == 128;
+  // Where a step's dK += dS^T Q is waited for: at the step's end, or at the next step's top
+  // once S^T and dP^T are issued behind it, so that the tensor cores go from one to the other
+  // without the loop's turn between them. The later wait keeps dS^T's 32 registers live across
+  // the loop: d128 234 registers and 4 bytes of spills as before; d64 (128 queries a step)
+  // spilled 376 bytes in its general loop, so it waits at the step's end.
+  static constexpr bool kDkUnderNextStep = kHeadDim == 128;
   using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
   using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
   using TileDS = common::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]

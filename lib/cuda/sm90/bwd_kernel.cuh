@@ -185,13 +185,24 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     // wgmma groups: the exponentials below run while the dP^T group is still on the tensor cores.
     float acc_s[kSAcc];
     float acc_dp[kSAcc];
+    // The first k16 step of each GEMM overwrites them; where the last step's dK still runs,
+    // plain code writing them would serialize every wgmma (C7515). (Zeroed elsewhere: d64's
+    // general loop spills 412 bytes without it.)
+    if constexpr (!Cfg::kDkUnderNextStep) {
 #pragma unroll
-    for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
+      for (int i = 0; i < kSAcc; ++i) acc_s[i] = acc_dp[i] = 0.0f;
+    }
     wgmma_fence();
     wgmma_ss_k<T, kBlockM, kHeadDim>(acc_s, k_addr, kBlockN * 128, q_addr, kBlockM * 128);
     wgmma_commit();
     wgmma_ss_k<T, kBlockM, kHeadDim>(acc_dp, v_addr, kBlockN * 128, do_addr, kBlockM * 128);
     wgmma_commit();
+    if constexpr (Cfg::kDkUnderNextStep) {
+      // The last step's dK += dS^T Q, issued under its dQ add, ran on until here: its operand
+      // registers (dst) are rewritten below.
+      wgmma_wait<2>();
+      fence_registers(acc_dk);
+    }
     if (!Cfg::kDqTurnPassMidStep && p.deterministic) turns.pass(p.dq_semaphore);  // under S^T's
     // Deterministic: the count of this step's semaphore, read while the step computes.
     const int seen =
@@ -337,7 +348,13 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     }
     head = next_head;
     m_block = next_m_block;
-    wgmma_wait<0>();  // dK, before the next step's dS^T takes its operand registers
+    if constexpr (!Cfg::kDkUnderNextStep) {
+      wgmma_wait<0>();  // dK, before the next step's dS^T takes its operand registers
+      fence_registers(acc_dk);
+    }
+  }
+  if constexpr (Cfg::kDkUnderNextStep) {
+    wgmma_wait<0>();  // the last step's dK
     fence_registers(acc_dk);
   }
   if (p.deterministic) turns.pass(p.dq_semaphore);  // the last step's add
