@@ -76,7 +76,8 @@ for v in "${variants[@]}"; do
     done
     stamp_of "$v" > "$dir/.ab-stamp"
   fi
-  { cmake -S "$dir" -B "$dir/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  { "$dir/scripts/gpu/touch-changed.sh" "$dir/build-ab" &&
+    cmake -S "$dir" -B "$dir/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DFLASHATTN_CUDA_ARCHS="${ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_EXAMPLES=ON \
       -DFLASHATTN_TEST_HOOKS=ON &&
     ninja -C "$dir/build-ab" flashattn cuda_benchmark; } > "/tmp/ab-build-$v.log" 2>&1 ||

@@ -112,6 +112,7 @@ summary_lines+=("GPU: $gpu_line")
 # shellcheck disable=SC2317  # run through bash -c below
 build_cmd() {
   set -e
+  "$root/scripts/gpu/touch-changed.sh" "$build"  # a file sent back as it was is rebuilt too
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLASHATTN_CUDA_ARCHS="$archs" -DFLASHATTN_TEST_HOOKS=ON -DFLASHATTN_CUDA_LINEINFO=ON \
     -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_EXAMPLES=ON
