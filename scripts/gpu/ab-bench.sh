@@ -33,7 +33,7 @@
 # (more cuda_benchmark arguments, such as "--softcap 30").
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 [ $# -ge 1 ] || { sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 2; }
 patch_dir=$(cd "$1" && pwd); shift
 [ "${1:-}" = "--" ] && shift
