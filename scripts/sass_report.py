@@ -14,7 +14,7 @@ after the table. --base REV: the same kernels at REV (a temporary git worktree),
 beside the tree's, and whether the SASS is identical (addresses aside).
 
 Needs cuobjdump: on PATH, in the CUDA toolkit's bin, or in the nvidia-cuda-cuobjdump wheel
-(pip install nvidia-cuda-cuobjdump-cu13 or the like; any Python environment it can find).
+of the Python that runs it (pip install nvidia-cuda-cuobjdump or the like).
 """
 import argparse
 import fnmatch
@@ -34,13 +34,14 @@ def find_cuobjdump():
     found = shutil.which("cuobjdump")
     if found:
         return found
-    for cand in ["/usr/local/cuda/bin/cuobjdump"] + sorted(
-            glob.glob(os.path.expanduser("~/.pyenv/versions/*/lib/python3*/site-packages/nvidia/*/bin/cuobjdump")) +
-            glob.glob("/usr/lib/python3*/site-packages/nvidia/*/bin/cuobjdump") +
-            glob.glob("/tmp/*/lib/python3*/site-packages/*/backends/nvidia/bin/cuobjdump")):
+    # The CUDA toolkit's bin, then the nvidia wheels of this Python's environment.
+    candidates = ["/usr/local/cuda/bin/cuobjdump"]
+    for path in sys.path:
+        candidates += sorted(glob.glob(os.path.join(path, "nvidia", "*", "bin", "cuobjdump")))
+    for cand in candidates:
         if os.access(cand, os.X_OK):
             return cand
-    sys.exit("sass_report: no cuobjdump found (PATH, /usr/local/cuda/bin, a Python nvidia wheel)")
+    sys.exit("sass_report: no cuobjdump found (PATH, /usr/local/cuda/bin, this Python's nvidia wheels)")
 
 
 def compile_commands(build):
@@ -61,7 +62,7 @@ def one_arch(cmd, arch, src_root, obj):
     words = shlex.split(cmd)
     keep = []
     skip = False
-    for i, w in enumerate(words):
+    for w in words:
         if skip:
             skip = False
             continue
@@ -78,7 +79,7 @@ def one_arch(cmd, arch, src_root, obj):
     return keep + [f"-gencode=arch={compute},code={code}", "-Xptxas=-v", "-o", obj]
 
 
-def report(cmd, cuobjdump, workdir, build):
+def report(cmd, cuobjdump, build):
     """{kernel: stats}, the C75xx notes and {kernel: SASS text} of one compile."""
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=build)
     if res.returncode != 0:
@@ -169,11 +170,11 @@ def main():
         all_notes = []
         for n in names:
             tree = report(one_arch(cmds[n], a.arch, ROOT, os.path.join(tmp, n + ".o")),
-                          cuobjdump, tmp, build)
+                          cuobjdump, build)
             base = None
             if base_root:
                 base = report(one_arch(cmds[n], a.arch, base_root, os.path.join(tmp, n + "-base.o")),
-                              cuobjdump, tmp, build)
+                              cuobjdump, build)
             all_notes += [f"{n}: {x}" for x in tree[1]]
             for k in sorted(tree[0]):
                 if k not in tree[2] or "_kernel" not in k:
