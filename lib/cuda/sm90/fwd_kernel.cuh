@@ -244,8 +244,14 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
       const common::SeqlenInfo& seq = w.seq;
       const common::WindowMask& mask = w.mask;
       const int m0 = w.m0, n_begin = w.n_begin, n_end = w.n_end;
-      int full_begin, full_end;  // the blocks that need no mask
-      mask.unmasked_blocks(m0, kBlockM, kBlockN, full_begin, full_end);
+      // The blocks that need no mask: for this warpgroup's 64 rows where it keeps its own
+      // blocks (a causal tile's lower rows see whole blocks its upper rows see in part).
+      int full_begin, full_end;
+      if constexpr (Cfg::kOwnBlocks) {
+        mask.unmasked_blocks(m0 + 64 * cwg, 64, kBlockN, full_begin, full_end);
+      } else {
+        mask.unmasked_blocks(m0, kBlockM, kBlockN, full_begin, full_end);
+      }
       const int row_in_tile = 64 * cwg + 16 * warp + g;  // this thread's first row
       const int row0 = m0 + row_in_tile;
       // With a softcap or ALiBi the scores become log2 logits before the softmax (scale 1).
