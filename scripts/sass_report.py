@@ -133,8 +133,10 @@ def short(name):
     dtype = "bf16" if "bfloat16" in name else "fp16" if "half" in name else ""
     dim = re.search(r"Li(\d+)E", name)
     loop = re.search(r"BwdLoopE(\d)", name)
+    long_rows = re.search(r"Li\d+ELb1E", name)  # the forward's long-row tile (kLongRows)
     parts = [ident or name[:40], dtype, f"d{dim.group(1)}" if dim else "",
-             {"0": "plain", "1": "biased", "2": "general"}.get(loop.group(1), "") if loop else ""]
+             {"0": "plain", "1": "biased", "2": "general"}.get(loop.group(1), "") if loop else "",
+             "long rows" if long_rows else ""]
     return " ".join(x for x in parts if x)
 
 
@@ -172,18 +174,25 @@ def main():
             tree = report(one_arch(cmds[n], a.arch, ROOT, os.path.join(tmp, n + ".o")),
                           cuobjdump, build)
             base = None
-            if base_root:
+            if base_root and not os.path.exists(
+                    os.path.join(base_root, "lib", "cuda", "instances", n + ".cu")):
+                print(f"{n}: no such instance at {a.base[:12]}")
+            elif base_root:
                 base = report(one_arch(cmds[n], a.arch, base_root, os.path.join(tmp, n + "-base.o")),
                               cuobjdump, build)
             all_notes += [f"{n}: {x}" for x in tree[1]]
+            # The base's kernels by short name too: a template parameter added since renames
+            # every kernel of the family.
+            base_short = {short(k): k for k in base[2]} if base else {}
             for k in sorted(tree[0]):
                 if k not in tree[2] or "_kernel" not in k:
                     continue
                 print(f"{short(k):<34} {fmt(tree[0][k])}")
                 if base:
-                    if k in base[2]:
-                        same = "identical SASS" if base[2][k] == tree[2][k] else "SASS differs"
-                        print(f"{'  at ' + a.base[:12]:<34} {fmt(base[0][k])}  {same}")
+                    bk = k if k in base[2] else base_short.get(short(k))
+                    if bk is not None:
+                        same = "identical SASS" if base[2][bk] == tree[2][k] else "SASS differs"
+                        print(f"{'  at ' + a.base[:12]:<34} {fmt(base[0][bk])}  {same}")
                     else:
                         print(f"{'  at ' + a.base[:12]:<34} (no such kernel)")
             if base:
