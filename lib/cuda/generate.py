@@ -33,6 +33,10 @@ SM80_FWD_TILES = {64: (128, 64, 4), 96: (128, 64, 4), 128: (128, 64, 4), 192: (1
                   256: (128, 64, 8)}
 SM90_FWD_TILES = {64: (128, 2, 3), 96: (128, 2, 2), 112: (128, 2, 2), 128: (128, 2, 2),
                   192: (112, 2, 2), 256: (80, 2, 2)}
+# A second Hopper forward tile for rows that see many keys (sm90::kLongRowKeys), as above: three
+# consumer warpgroups overlap more softmax with GEMMs there, while at short rows their 192-row
+# tiles lose to the table's (kernel log, run 125). Each is compiled in a file of its own.
+SM90_FWD_LONG_ROW_TILES = {96: (112, 2, 3), 112: (96, 2, 3)}
 
 
 class Family:
@@ -51,7 +55,7 @@ KERNELS = [
     Family("sm80", "bwd", "cuda/sm80/bwd_kernel.cuh", "cuda::BwdParams", HEAD_DIMS,
            "sm80::BwdConfig<{d}>::kSmemBytes"),
     Family("sm90", "fwd", "cuda/sm90/fwd_kernel.cuh", "cuda::FwdParams", SM90_FWD_DIMS,
-           "sm90::FwdConfig<{d}>::kSmemBytes"),
+           "sm90::fwd_smem_bytes<{d}>()"),
     # The Hopper backward: 64 and 128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh; the other
     # head dims run on the next larger of them (flash_dispatch.cu's choose).
     Family("sm90", "bwd", "cuda/sm90/bwd_launch.cuh", "cuda::BwdParams", [64, 128, 256],
@@ -71,18 +75,43 @@ def instance_name(f, d, dtype):
     return f"{f.arch}_{f.kind}_hdim{d}_{dtype}.cu"
 
 
+def long_row_instance_name(d, dtype):
+    return f"sm90_fwd_hdim{d}_longrows_{dtype}.cu"
+
+
+def has_long_row_tile(f, d):
+    return f.arch == "sm90" and f.kind == "fwd" and d in SM90_FWD_LONG_ROW_TILES
+
+
 def instances():
     files = {}
     for f in KERNELS:
         for dtype, (ctype, _, _) in DTYPES.items():
             for d in f.dims:
+                # The long-row tile's kernel is compiled in its own file, in parallel.
+                extern = ""
+                if has_long_row_tile(f, d):
+                    extern = (f"extern template cudaError_t launch_fwd_tile<{ctype}, {d}, true>(\n"
+                              "    const cuda::FwdParams&, const cuda::LaunchInfo&, cudaStream_t);\n")
+                    files[f"instances/{long_row_instance_name(d, dtype)}"] = f"""// {GENERATED}
+#include "{f.header}"
+
+namespace flashattn {{
+namespace sm90 {{
+
+template cudaError_t launch_fwd_tile<{ctype}, {d}, true>(
+    const cuda::FwdParams&, const cuda::LaunchInfo&, cudaStream_t);
+
+}}  // namespace sm90
+}}  // namespace flashattn
+"""
                 files[f"instances/{instance_name(f, d, dtype)}"] = f"""// {GENERATED}
 #include "{f.header}"
 
 namespace flashattn {{
 namespace {f.arch} {{
 
-template cudaError_t launch_{f.kind}<{ctype}, {d}>(const {f.params}&, const cuda::LaunchInfo&,
+{extern}template cudaError_t launch_{f.kind}<{ctype}, {d}>(const {f.params}&, const cuda::LaunchInfo&,
                                                    cudaStream_t);
 
 }}  // namespace {f.arch}
@@ -120,6 +149,8 @@ def kernels_cmake():
         for dtype in DTYPES:
             for d in f.dims:
                 rows.append(f'  "{f.arch}|{d}|{dtype}|instances/{instance_name(f, d, dtype)}"')
+                if has_long_row_tile(f, d):
+                    rows.append(f'  "sm90|{d}|{dtype}|instances/{long_row_instance_name(d, dtype)}"')
     return (f"# {GENERATED}\n"
             f"set(FLASHATTN_KNOWN_HEAD_DIMS {' '.join(map(str, known_head_dims()))})\n"
             f"set(FLASHATTN_KNOWN_DTYPES {' '.join(DTYPES)})\n"
@@ -135,10 +166,17 @@ def fwd_tiles():
                     f"kBlockN = {n}, kNWarps = {w}; }};")
     sm90 = [f"// {GENERATED}",
             "// The Hopper forward's key block, K/V ring depth and consumer warpgroups per padded",
-            "// head dim.", "template <int kHeadDim>", "struct FwdTiles;"]
+            "// head dim; kLongRows: the second tile some head dims have for rows that see many",
+            "// keys (FwdHasLongRowTile).", "template <int kHeadDim, bool kLongRows>",
+            "struct FwdTiles;", "template <int kHeadDim>",
+            "struct FwdHasLongRowTile { static constexpr bool value = false; };"]
     for d, (n, s, c) in SM90_FWD_TILES.items():
-        sm90.append(f"template <> struct FwdTiles<{d}> {{ static constexpr int kBlockN = {n}, "
+        sm90.append(f"template <> struct FwdTiles<{d}, false> {{ static constexpr int kBlockN = {n}, "
                     f"kStages = {s}, kConsumers = {c}; }};")
+    for d, (n, s, c) in SM90_FWD_LONG_ROW_TILES.items():
+        sm90.append(f"template <> struct FwdTiles<{d}, true> {{ static constexpr int kBlockN = {n}, "
+                    f"kStages = {s}, kConsumers = {c}; }};")
+        sm90.append(f"template <> struct FwdHasLongRowTile<{d}> {{ static constexpr bool value = true; }};")
     return {"sm80/fwd_tiles.inc": "\n".join(sm80) + "\n", "sm90/fwd_tiles.inc": "\n".join(sm90) + "\n"}
 
 
@@ -176,7 +214,8 @@ __device__ __forceinline__ void wgmma_{kind}<{ctype}, {n}>({sig}) {{
 
 
 def wgmma():
-    ss_n = sorted(set(BWD_SS_N) | {n for n, _, _ in SM90_FWD_TILES.values()})
+    ss_n = sorted(set(BWD_SS_N) | {n for n, _, _ in SM90_FWD_TILES.values()} |
+                  {n for n, _, _ in SM90_FWD_LONG_ROW_TILES.values()})
     rs_n = SM90_FWD_DIMS  # O += P V: N = the head dim
     parts = [f"""// {GENERATED}
 // wgmma.mma_async m64nNk16 wrappers (fp32 accumulators). wgmma_ss: A and B from shared memory

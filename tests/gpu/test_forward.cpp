@@ -92,6 +92,27 @@ TEST_CASE("forward: more tiles than SMs (a persistent grid walks several per CTA
   }
 }
 
+TEST_CASE("forward: rows that see many keys (the Hopper forward's long-row tiles)") {
+  // At least sm90::kLongRowKeys keys a row on average: head dims 65-112 run on three consumer
+  // warpgroups of 192-row tiles there, partial tiles, GQA, a causal bottom-right mask and the
+  // copies of head dim 100 included.
+  FlashTally tally("forward long rows");
+  const Case cases[] = {
+      {"200x3500, d96", BF16, 1, 200, 3500, 3, 3, 96, false, 0.0f, Layout::Contiguous,
+       /*emulate=*/false},
+      {"330x3400 causal GQA, d112", F16, 1, 330, 3400, 2, 1, 112, true, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+      {"150x3300, d100 (copies of 112)", BF16, 1, 150, 3300, 2, 1, 100, false, 0.0f,
+       Layout::Contiguous, /*emulate=*/false},
+      {"100x3200 causal, d80", F16, 2, 100, 3200, 1, 1, 80, true, 0.0f, Layout::Contiguous,
+       /*emulate=*/false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(gpu_test::describe(c));
+    gpu_test::check_forward_case(c, tally);
+  }
+}
+
 TEST_CASE("forward: more than 65535 heads (one grid dimension, no 65535 limit)") {
   FlashTally tally("forward many heads");
   const Case c{"3x5, 70000 heads", BF16, 1, 3, 5, 70000, 70000, 32, true, 0.0f,

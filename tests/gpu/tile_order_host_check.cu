@@ -1,7 +1,8 @@
 // The persistent grid's tile orders (lib/cuda/common/scheduler.cuh), on the host, no GPU: every
 // order deals every tile exactly once, the busiest CTA's work is counted as nth_tile deals, and
 // a causal forward takes its heads' tiles side by side only where that keeps the grid even
-// (the shapes of the kernel log's run 82).
+// (the shapes of the kernel log's run 82); the keys a row sees on average, by which the Hopper
+// forward takes a head dim's long-row tile (lib/cuda/common/mask.cuh).
 #include <doctest/doctest.h>
 
 #include <set>
@@ -149,6 +150,22 @@ TEST_CASE("a shape asked again gets its own answer, whatever was asked between")
   CHECK(fc::side_by_side_if_balanced(s, 132, causal) == fc::TileOrder::kLongestFirst);
   CHECK(fc::side_by_side_if_balanced(s, 132, full) == fc::TileOrder::kHeadMajorReversed);
   CHECK(fc::side_by_side_if_balanced(s, 132, causal) == fc::TileOrder::kLongestFirst);
+}
+
+TEST_CASE("the keys a query row sees on average") {
+  // No mask: every key. Causal, square: about half (rows sampled every 16th: 2041). Causal with
+  // fewer queries than keys (bottom-right aligned): the last rows, nearly every key.
+  CHECK(fc::WindowMask(4096, 4096, -1, -1).mean_visible_keys() == 4096);
+  CHECK(fc::WindowMask(4096, 4096, -1, 0).mean_visible_keys() == 2041);
+  CHECK(fc::WindowMask(1, 5000, -1, 0).mean_visible_keys() == 5000);
+  CHECK(fc::WindowMask(200, 3400, -1, 0).mean_visible_keys() == 3300);
+  // A window of 1024 keys left of the diagonal over 16k: the window, bar the first rows (990).
+  const int64_t window = fc::WindowMask(16384, 16384, 1023, 0).mean_visible_keys();
+  CHECK(window > 950);
+  CHECK(window <= 1024);
+  // Rows that see no key (more queries than keys, causal) count as none; no rows, none.
+  CHECK(fc::WindowMask(300, 100, -1, 0).mean_visible_keys() == 16);
+  CHECK(fc::WindowMask(0, 100, -1, -1).mean_visible_keys() == 0);
 }
 
 }  // TEST_SUITE

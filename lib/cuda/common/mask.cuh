@@ -8,6 +8,7 @@
 #pragma once
 
 #include <climits>
+#include <cstdint>
 
 #include "cuda/common/seqlen.cuh"
 
@@ -46,6 +47,22 @@ struct WindowMask {
     const int lo = left >= 0 ? max(0, m0 + diag - left) : 0;
     begin = lo / block_n;
     end = hi <= lo ? begin : (hi + block_n - 1) / block_n;
+  }
+
+  // About how many keys a query row sees, averaged over the rows (a launcher's choice of tile
+  // by it; host only): kMeanSamples rows spread evenly, exact for each.
+  static constexpr int kMeanSamples = 256;
+  __host__ int64_t mean_visible_keys() const {
+    if (seqlen_q <= 0) return 0;
+    const int samples = seqlen_q < kMeanSamples ? seqlen_q : kMeanSamples;
+    int64_t keys = 0;
+    for (int i = 0; i < samples; ++i) {
+      const int row = static_cast<int>(int64_t(i) * seqlen_q / samples);
+      int lo, hi;
+      n_block_range(row, 1, 1, lo, hi);  // blocks of one key: [lo, hi) is the row's keys
+      keys += hi - lo;
+    }
+    return keys / samples;
   }
 
   // The query blocks [begin, end) holding a query that sees some key of [n0, n0 + rows) (the

@@ -4,6 +4,8 @@
 namespace flashattn {
 namespace sm90 {
 
+extern template cudaError_t launch_fwd_tile<__half, 112, true>(
+    const cuda::FwdParams&, const cuda::LaunchInfo&, cudaStream_t);
 template cudaError_t launch_fwd<__half, 112>(const cuda::FwdParams&, const cuda::LaunchInfo&,
                                                    cudaStream_t);
 

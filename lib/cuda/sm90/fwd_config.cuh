@@ -1,7 +1,8 @@
 // The Hopper forward's CTA: a producer warpgroup and two or three consumer warpgroups of 64
 // query rows, Q once per tile (in one or two slots), K and V through rings of kStages slots, O
-// staged in shared memory for its bulk store. Tile shapes come from the kernel table (lib/cuda/generate.py); what they imply
-// for shared memory is computed here, once.
+// staged in shared memory for its bulk store. Tile shapes come from the kernel table
+// (lib/cuda/generate.py), some head dims with a second tile for rows that see many keys
+// (kLongRows); what they imply for shared memory is computed here, once.
 #pragma once
 
 #include "cuda/common/tile.cuh"
@@ -10,13 +11,14 @@
 namespace flashattn {
 namespace sm90 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, bool kLongRows = false>
 struct FwdConfig {
+  using Tiles = FwdTiles<kHeadDim_, kLongRows>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = FwdTiles<kHeadDim>::kConsumers;  // consumer warpgroups
+  static constexpr int kConsumers = Tiles::kConsumers;  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = FwdTiles<kHeadDim>::kBlockN;
-  static constexpr int kStages = FwdTiles<kHeadDim>::kStages;
+  static constexpr int kBlockN = Tiles::kBlockN;
+  static constexpr int kStages = Tiles::kStages;
   static constexpr int kNThreads = 128 * (1 + kConsumers);
   // Whether a warpgroup's 64 rows can see fewer key blocks than its tile's (the upper rows of a
   // causal tile): only where a key block does not span whole tiles. Elsewhere the per-warpgroup
@@ -61,6 +63,18 @@ struct FwdConfig {
   static_assert(kConsumerRegs >= 24 && kConsumerRegs <= 256, "a setmaxnreg budget");
   static_assert(!kOAliasQ || kQStages == 1, "O staged in the one Q slot");
 };
+
+// The shared memory the forward of a head dim may ask for: the larger of its tiles'.
+template <int kHeadDim>
+constexpr int fwd_smem_bytes() {
+  if constexpr (FwdHasLongRowTile<kHeadDim>::value) {
+    constexpr int a = FwdConfig<kHeadDim, false>::kSmemBytes;
+    constexpr int b = FwdConfig<kHeadDim, true>::kSmemBytes;
+    return a > b ? a : b;
+  } else {
+    return FwdConfig<kHeadDim, false>::kSmemBytes;
+  }
+}
 
 }  // namespace sm90
 }  // namespace flashattn

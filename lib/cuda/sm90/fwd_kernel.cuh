@@ -70,11 +70,11 @@ struct FwdTile {
   __device__ int k_row(int r) const { return seq.offset_k + r; }
 };
 
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(FwdConfig<kHeadDim>::kNThreads, 1)
+template <class T, int kHeadDim, bool kLongRows>
+__global__ void __launch_bounds__(FwdConfig<kHeadDim, kLongRows>::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdTmaArgs args) {
 #ifdef FLASHATTN_SM90A_DEVICE
-  using Cfg = FwdConfig<kHeadDim>;
+  using Cfg = FwdConfig<kHeadDim, kLongRows>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages;
@@ -457,12 +457,12 @@ common::TileOrder tile_order(const cuda::FwdParams& p, const common::TileSchedul
   });
 }
 
-// Encodes the tensor maps and launches a persistent grid. cudaErrorNotSupported when the
-// driver cannot describe a view (the dispatcher then takes the sm80 kernel).
-template <class T, int kHeadDim>
-cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
-                       cudaStream_t stream) {
-  using Cfg = FwdConfig<kHeadDim>;
+// Encodes the tensor maps and launches a persistent grid of one tile. cudaErrorNotSupported
+// when the driver cannot describe a view (the dispatcher then takes the sm80 kernel).
+template <class T, int kHeadDim, bool kLongRows>
+cudaError_t launch_fwd_tile(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
+                            cudaStream_t stream) {
+  using Cfg = FwdConfig<kHeadDim, kLongRows>;
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
   // A TMA store past a row's last column writes the rest of its 16-byte granule (measured on
   // the H200: head_dim 33 in rows padded to 40 had columns 33..39 overwritten), so rows that
@@ -500,12 +500,31 @@ cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
   const int grid = static_cast<int>(tiles < info.sm_count ? tiles : info.sm_count);
   args.sched.order = tile_order<Cfg>(p, args.sched, grid);
 
-  auto kernel = fwd_kernel<T, kHeadDim>;
+  auto kernel = fwd_kernel<T, kHeadDim, kLongRows>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, Cfg::kNThreads, Cfg::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
+}
+
+// The keys a query row sees on average from which a head dim with a long-row tile takes it:
+// at d96/d112, three warpgroups of 192-row tiles gained 6-11 % at 4k-16k keys a row and lost
+// 5-20 % at 512-1k (kernel log, run 125).
+constexpr int64_t kLongRowKeys = 3072;
+
+// The forward of one head dim: its long-row tile where it has one and the rows see at least
+// kLongRowKeys keys on average (a packed batch: its longest sequences'), else the table's.
+template <class T, int kHeadDim>
+cudaError_t launch_fwd(const cuda::FwdParams& p, const cuda::LaunchInfo& info,
+                       cudaStream_t stream) {
+  if constexpr (FwdHasLongRowTile<kHeadDim>::value) {
+    const common::WindowMask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    if (mask.mean_visible_keys() >= kLongRowKeys) {
+      return launch_fwd_tile<T, kHeadDim, true>(p, info, stream);
+    }
+  }
+  return launch_fwd_tile<T, kHeadDim, false>(p, info, stream);
 }
 
 }  // namespace sm90
