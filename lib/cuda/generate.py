@@ -315,9 +315,14 @@ def main():
         return 0
     (HERE / "instances").mkdir(exist_ok=True)
     for old in (HERE / "instances").glob("*.cu"):
-        old.unlink()
+        if f"instances/{old.name}" not in files:
+            old.unlink()
+    # A file whose text is unchanged keeps its time stamp, so that a build after a tuning
+    # variant (scripts/gpu/tile-sweep.sh) recompiles only the instances that differ.
     for name, text in files.items():
-        (HERE / name).write_text(text)
+        path = HERE / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
     return 0
 
 
