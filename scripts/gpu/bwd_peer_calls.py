@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Backward calls of ours and of cuDNN (through PyTorch SDPA) for a profiler to set side by side
+(nothing is timed here): per shape, one forward of ours (its out and LSE), three backward calls
+of ours, then three forward+backward calls of cuDNN, each after a 256 MB write that flushes the
+L2, as do_bench does. ncu then lists every kernel of both, so that a backward's time can be
+split into its launches (ours: preprocess, main kernel, postprocess) beside cuDNN's:
+
+    ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,\\
+dram__bytes_write.sum python3 scripts/gpu/bwd_peer_calls.py build-gpu/lib/libflashattn.so \\
+        8x2048x16x128 1x16384x16x128c
+
+Shapes are BxNxHxD, a trailing c for causal (default 8x2048x16x128: the sweep's d128 2k);
+bf16, [B, N, H, D] for ours and SDPA's [B, H, N, D] holding the same values, as in
+bench/compare_sdpa.py, whose ctypes layer this uses; needs torch with CUDA.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import compare_sdpa as cs  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+CALLS = 3
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def parse_shape(text):
+    causal = text.endswith("c")
+    B, N, H, D = (int(x) for x in text.rstrip("c").split("x"))
+    return B, N, H, D, causal
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    lib = cs.Lib(os.path.abspath(sys.argv[1]))
+    dev = torch.device("cuda", 0)
+    stream = torch.cuda.Stream(device=dev)
+    torch.cuda.set_stream(stream)
+    ctx = cs.Context(lib, cs.BACKEND_CUDA, 0)
+    ctx.set_stream(stream.cuda_stream)
+
+    def view_of(t, dt):
+        return cs.tensor_view(t.data_ptr(), dt, list(t.shape), list(t.stride()))
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=dev)
+    for text in sys.argv[2:] or ["8x2048x16x128"]:
+        B, N, H, D, causal = parse_shape(text)
+        g = torch.Generator(device=dev).manual_seed(1234)
+        q, k, v, dout = (torch.randn(B, N, H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                         for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, N, device=dev, dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        call = cs.Call(ctx, q, k, v, out, lse, dout, dq, dk, dv, cs.DTYPE_BF16, causal,
+                       cs.ALGO_FLASH, view_of)
+        call.forward()
+        for _ in range(CALLS):
+            flush.zero_()
+            call.backward()
+        qh, kh, vh, doh = (t.transpose(1, 2).contiguous().requires_grad_(t is not dout)
+                           for t in (q, k, v, dout))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for _ in range(CALLS):
+                flush.zero_()
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+                o.backward(doh)
+        torch.cuda.synchronize(dev)
+        print(f"{text}: {CALLS} backward calls of ours, {CALLS} forward+backward of cuDNN",
+              flush=True)
+    ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
