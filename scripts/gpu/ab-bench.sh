@@ -14,7 +14,8 @@
 #
 # BENCH=decode times bench/compare_sdpa.py's decode cases instead (ours contiguous and paged,
 # TB/s of K and V, beside cuDNN measured in the same process). REPS repetitions, interleaved
-# (default 2).
+# (default 4 for cuda_benchmark: two on a machine just started read ±4 % on identical code,
+# four ±0.5 %, kernel log runs 127-128; 2 for decode, whose program takes longer).
 #
 # TREE_BUILD=DIR takes the last variant (this tree) from a build that exists already, such as
 # run-gpu-suite.sh's build-gpu, instead of building it again; BUILD_ONLY=1 builds the other
@@ -90,7 +91,8 @@ rm -f /tmp/ab-v*-*.json /tmp/ab-v*-*.csv
 # VARIANTS="v0 v3" times only those (all are built, so that a later call can time the others).
 # shellcheck disable=SC2206  # a list of names
 [ -n "${VARIANTS:-}" ] && variants=(${VARIANTS})
-for rep in $(seq 1 "${REPS:-2}"); do
+if [ "${BENCH:-fwd}" = decode ]; then reps=${REPS:-2}; else reps=${REPS:-4}; fi
+for rep in $(seq 1 "$reps"); do
   for v in "${variants[@]}"; do
     if [ "${BENCH:-fwd}" = decode ]; then
       python3 "$root/bench/compare_sdpa.py" --lib "$(build_of "$v")/lib/libflashattn.so" \
@@ -135,7 +137,7 @@ for key in sorted(cases):
 PY
 else
 python3 - "${variants[@]}" > "$out/ab.txt" <<'PY'
-import csv, glob, sys
+import csv, glob, statistics, sys
 vs = sys.argv[1:]
 rows = {}
 for v in vs:
@@ -145,13 +147,17 @@ for v in vs:
                 continue
             key = (r["mode"], int(r["head_dim"]), int(r["seqlen"]), r["causal"])
             rows.setdefault(key, {}).setdefault(v, []).append(float(r["tflops"]))
-print("TFLOP/s per variant (each repetition), cuda_benchmark; ratio: best of each against v0's best")
+print("TFLOP/s per variant (each repetition), cuda_benchmark; ratio: best of each against v0's "
+      "best; median: the medians' ratio")
 for key in sorted(rows):
     per = rows[key]
     cells = "  ".join("%s:%s" % (v, "/".join("%.0f" % x for x in per.get(v, []))) for v in vs)
     base = max(per.get(vs[0], [0]))
+    base_median = statistics.median(per[vs[0]]) if vs[0] in per else 0
     ratio = " ".join("%.3f" % (max(per[v]) / base) for v in vs[1:] if v in per and base > 0)
-    print("%-6s d%-4d n%-6d causal=%-2s %s  ratio %s" % (key + (cells, ratio)))
+    median = " ".join("%.3f" % (statistics.median(per[v]) / base_median)
+                      for v in vs[1:] if v in per and base_median > 0)
+    print("%-6s d%-4d n%-6d causal=%-2s %s  ratio %s  median %s" % (key + (cells, ratio, median)))
 PY
 fi
 if [ -n "${NCU:-}" ]; then
