@@ -11,16 +11,16 @@ dram__bytes_write.sum python3 scripts/gpu/bwd_peer_calls.py build-gpu/lib/libfla
 
 Shapes are BxNxHxD, a trailing c for causal (default 8x2048x16x128: the sweep's d128 2k);
 bf16, [B, N, H, D] for ours and SDPA's [B, H, N, D] holding the same values, as in
-bench/compare_sdpa.py, whose ctypes layer this uses; needs torch with CUDA.
+bench/compare_sdpa.py; set up as decode_calls.py does; needs torch with CUDA.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import compare_sdpa as cs  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import decode_calls as dc  # beside this script: its context set-up (compare_sdpa's ctypes layer)
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+cs = dc.cs
 
 CALLS = 3
 FLUSH_BYTES = 256 * 1024 * 1024
@@ -36,16 +36,8 @@ def main():
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
-    lib = cs.Lib(os.path.abspath(sys.argv[1]))
+    _, ctx, view_of = dc.open_context(sys.argv[1])
     dev = torch.device("cuda", 0)
-    stream = torch.cuda.Stream(device=dev)
-    torch.cuda.set_stream(stream)
-    ctx = cs.Context(lib, cs.BACKEND_CUDA, 0)
-    ctx.set_stream(stream.cuda_stream)
-
-    def view_of(t, dt):
-        return cs.tensor_view(t.data_ptr(), dt, list(t.shape), list(t.stride()))
-
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=dev)
     for text in sys.argv[2:] or ["8x2048x16x128"]:
         B, N, H, D, causal = parse_shape(text)
