@@ -56,10 +56,10 @@ KERNELS = [
            "sm80::BwdConfig<{d}>::kSmemBytes"),
     Family("sm90", "fwd", "cuda/sm90/fwd_kernel.cuh", "cuda::FwdParams", SM90_FWD_DIMS,
            "sm90::fwd_smem_bytes<{d}>()"),
-    # The Hopper backward: 64 and 128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh; the other
+    # The Hopper backward: 64-128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh; the other
     # head dims run on the next larger of them (flash_dispatch.cu's choose).
-    Family("sm90", "bwd", "cuda/sm90/bwd_launch.cuh", "cuda::BwdParams", [64, 128, 256],
-           "sm90::bwd_smem_bytes({d})"),
+    Family("sm90", "bwd", "cuda/sm90/bwd_launch.cuh", "cuda::BwdParams", [64, 96, 112, 128, 256],
+           "sm90::bwd_smem_bytes<{d}>()"),
 ]
 
 # wgmma N values beyond the forward's: S^T / dP^T of the backward (32: half a block of 64),

@@ -40,8 +40,12 @@ set(FLASHATTN_KERNEL_INSTANCES
   "sm90|192|bf16|instances/sm90_fwd_hdim192_bf16.cu"
   "sm90|256|bf16|instances/sm90_fwd_hdim256_bf16.cu"
   "sm90|64|fp16|instances/sm90_bwd_hdim64_fp16.cu"
+  "sm90|96|fp16|instances/sm90_bwd_hdim96_fp16.cu"
+  "sm90|112|fp16|instances/sm90_bwd_hdim112_fp16.cu"
   "sm90|128|fp16|instances/sm90_bwd_hdim128_fp16.cu"
   "sm90|256|fp16|instances/sm90_bwd_hdim256_fp16.cu"
   "sm90|64|bf16|instances/sm90_bwd_hdim64_bf16.cu"
+  "sm90|96|bf16|instances/sm90_bwd_hdim96_bf16.cu"
+  "sm90|112|bf16|instances/sm90_bwd_hdim112_bf16.cu"
   "sm90|128|bf16|instances/sm90_bwd_hdim128_bf16.cu"
   "sm90|256|bf16|instances/sm90_bwd_hdim256_bf16.cu")

@@ -36,6 +36,9 @@ const Case kSweep[] = {
     {"77x91 odd strides", F16, 1, 77, 91, 2, 1, 40, true, 0.0f, Layout::PaddedOdd},
     {"150x77 causal GQA padded", BF16, 2, 150, 77, 4, 2, 256, true, 0.0f, Layout::Padded},
     {"131x300 GQA, scale 0.2", F16, 1, 131, 300, 6, 3, 256, false, 0.2f, Layout::Contiguous},
+    {"190x330 GQA, d100 (on head dim 112)", BF16, 1, 190, 330, 4, 2, 100, false, 0.0f,
+     Layout::Contiguous},
+    {"300x520 causal, d112", F16, 1, 300, 520, 2, 2, 112, true, 0.0f, Layout::Contiguous},
 };
 
 // Largest |a - b| over the largest |b|: how far apart two runs' gradients are.
@@ -63,7 +66,7 @@ TEST_CASE("backward sweep: head dims, seqlens, causal, GQA/MQA, strided views") 
 
 TEST_CASE("backward: both dtypes at the fast-path head dims") {
   FlashTally tally("backward dtypes");
-  const int64_t dims[] = {64, 128, 256};
+  const int64_t dims[] = {64, 96, 112, 128, 256};
   bool causal = true;
   for (flashattn_dtype_t dtype : {F16, BF16}) {
     for (int64_t d : dims) {
@@ -104,7 +107,7 @@ TEST_CASE("backward: deterministic = 1 gives bit-identical dq, dk, dv run after 
       {"1100x1100", F16, 1, 1100, 1100, 3, 3, 0, false, 0.0f, Layout::Contiguous},
   };
   for (const Case& shape : cases) {
-    for (const int64_t d : {64, 128, 256}) {
+    for (const int64_t d : {64, 96, 112, 128, 256}) {
       Case c = shape;
       c.d = d;
       CAPTURE(gpu_test::describe(c));

@@ -132,7 +132,7 @@ const Kernel<Launcher>* choose(const Kernel<Launcher> (&table)[N], const DeviceI
   const Arch arch = device_arch(dev);
   if (fast_path == nullptr || arch == Arch::Sm80) return fast_path;
   // The device's family at the smallest head dim of its own that holds this one: where it has
-  // none of the sm80 family's (the Hopper backward at 96 and 192), the next larger, since
+  // none of the sm80 family's (the Hopper backward at 192), the next larger, since
   // computing zero columns outruns the sm80 kernel (kernel-log run 69); where it has one the
   // sm80 family lacks (the Hopper forward at 112), that one.
   const Kernel<Launcher>* k = smallest_holding(table, arch, dtype, head_dim);
@@ -158,6 +158,14 @@ LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count};
 // A kernel is compiled for one head dim, which holds q's and v's: the larger decides.
 int64_t kernel_head_dim(const Problem& p) { return std::max(p.head_dim, p.head_dim_v); }
 
+// The columns of a backward kernel's fp32 dQ accumulator: its head dim; on Hopper rounded up
+// to the 64-column tiles its warpgroups add (head dims 96 and 112 into 128).
+int dq_accum_cols(const Kernel<BwdLauncher>& k) {
+  constexpr int kTileCols = 64;
+  return k.arch == Arch::Sm90 ? (k.head_dim + kTileCols - 1) / kTileCols * kTileCols
+                              : k.head_dim;
+}
+
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.
 struct BwdWorkspace {
   size_t dq_accum = 0, dsum = 0, lse_log2 = 0, semaphore = 0, repair_flags = 0,
@@ -175,9 +183,9 @@ int64_t bwd_keys_rounded(int64_t seqlen_k) { return (seqlen_k + 127) / 128 * 128
 BwdWorkspace bwd_workspace(const Problem& p, const DeviceInfo& dev) {
   const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.heads_q) *
                       static_cast<size_t>(bwd_rows_rounded(p.seqlen_q));
-  // The dQ accumulator's rows: the head dim of the kernel that runs.
+  // The dQ accumulator's rows: as wide as the kernel that runs adds them.
   const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, p.dtype, kernel_head_dim(p));
-  const size_t hdim = static_cast<size_t>(k != nullptr ? k->head_dim : 0);
+  const size_t hdim = static_cast<size_t>(k != nullptr ? dq_accum_cols(*k) : 0);
   BwdWorkspace w;
   w.dq_accum = 0;
   w.dsum = align256(rows * hdim * 4);
@@ -429,7 +437,7 @@ cudaError_t kernel_backward(const BackwardArgs& a, void* workspace, size_t works
   p.deterministic = pr.deterministic;
   const Kernel<BwdLauncher>* k = choose(kBwdKernels, dev, pr.dtype, kernel_head_dim(pr));
   if (k == nullptr) return cudaErrorNotSupported;
-  p.head_dim_padded = k->head_dim;
+  p.head_dim_padded = dq_accum_cols(*k);
   return k->launch(p, launch_info(dev), stream);
 }
 

@@ -11,8 +11,11 @@ namespace sm90 {
 // seqlen 4k, docs/perf/kernel-log.md): it doubles the dQ additions.
 // Head dim 64 takes 128 queries per step so that a step carries as many FLOPs as a step of
 // head dim 128 (the per-step softmax and synchronization are paid once per 10.5 MFLOP), and
-// the warpgroups split dQ = dS K by query rows; at 128 they split it by head-dim columns. Either
-// way each warpgroup adds one 64 x 64 fp32 dQ tile per step.
+// the warpgroups split dQ = dS K by query rows; at 96-128 they split it by head-dim columns,
+// 64 each over the tiles' 128 (at 96 and 112 the columns past the head dim are the K tile's
+// zero padding, so the second warpgroup's tile ends in zeros). Either way each warpgroup adds
+// one 64 x 64 fp32 dQ tile per step. Head dims 96 and 112 save the GEMMs over the head dim
+// (S^T, dP^T, dV, dK) the padding that running them on head dim 128 would compute.
 template <int kHeadDim_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -21,18 +24,20 @@ struct BwdConfig {
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
   static constexpr int kBlockN = 64 * kWarpGroups;          // keys per CTA: 64 per warpgroup
   static constexpr bool kDqByRows = kBlockM == 128;          // how the warpgroups split dQ
+  static constexpr int kDqCols = (kHeadDim + 63) / 64 * 64;  // the dQ tiles' columns
   // Deterministic mode: where a warp counts its last step's dQ add done (common::WarpDqTurn):
   // under the next step's dV wgmmas, mid-step, or at its top under S^T and dP^T. Mid-step gives
   // the add longer to complete, but a warp still waiting there holds the CTA barrier after it.
   // Measured (kernel log, run 110): mid-step d128 +2-5 %, d64 -2-4 %; why they differ is open.
-  static constexpr bool kDqTurnPassMidStep = kHeadDim == 128;
+  static constexpr bool kDqTurnPassMidStep = kHeadDim > 64;
   // Where a step's dK += dS^T Q is waited for: at the step's end, or at the next step's top
   // once S^T and dP^T are issued behind it, so that the tensor cores go from one to the other
   // without the loop's turn between them. The later wait keeps dS^T's 32 registers live across
   // the loop: d128 234 registers and 4 bytes of spills as before; d64 (128 queries a step)
   // spilled 376 bytes in its general loop, so it waits at the step's end. Measured at d128
   // (kernel log, run 124): causal +2.6-4.9 % at 1k-4k, not causal within noise.
-  static constexpr bool kDkUnderNextStep = kHeadDim == 128;
+  // Head dims 96 and 112 hold fewer dK and dV registers, and follow 128.
+  static constexpr bool kDkUnderNextStep = kHeadDim > 64;
   using TileKV = common::SwizzledTile<kBlockN, kHeadDim>;
   using TileQ = common::SwizzledTile<kBlockM, kHeadDim>;
   using TileDS = common::SwizzledTile<kBlockN, kBlockM>;  // dS^T: [keys][queries]
@@ -49,10 +54,11 @@ struct BwdConfig {
                                       kWarpGroups * kDQBytes + kStatsBytes;
   static constexpr int kBarrierBytes = 8 * (kStepStages + 2);  // stage full, K/V full, dS^T free
   static constexpr int kSmemBytes = kOffBarriers + kBarrierBytes + 1024;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward's head dims");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 112 || kHeadDim == 128,
+                "the Hopper backward's head dims");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles");
-  static_assert((kDqByRows ? kBlockM : kHeadDim) == 64 * kWarpGroups,
+  static_assert((kDqByRows ? kBlockM : kDqCols) == 64 * kWarpGroups,
                 "one 64 x 64 dQ tile per warpgroup");
   static_assert(kSmemBytes <= 227 * 1024, "fits the SM's shared memory");
 };
@@ -88,11 +94,14 @@ struct BwdSplitConfig {
 };
 
 // The shared memory of the Hopper backward's kernel for a head dim of the kernel table's row
-// (lib/cuda/generate.py: 64 and 128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh).
-constexpr int bwd_smem_bytes(int head_dim) {
-  return head_dim == 256  ? BwdSplitConfig<256>::kSmemBytes
-         : head_dim == 64 ? BwdConfig<64>::kSmemBytes
-                          : BwdConfig<128>::kSmemBytes;
+// (lib/cuda/generate.py: 64-128 in bwd_kernel.cuh, 256 in bwd_split_kernel.cuh).
+template <int kHeadDim>
+constexpr int bwd_smem_bytes() {
+  if constexpr (kHeadDim == 256) {
+    return BwdSplitConfig<256>::kSmemBytes;
+  } else {
+    return BwdConfig<kHeadDim>::kSmemBytes;
+  }
 }
 
 }  // namespace sm90
