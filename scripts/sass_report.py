@@ -13,8 +13,8 @@ counts and the instruction count; ptxas's C75xx notes (C7515 and C7520 mean seri
 after the table. --base REV: the same kernels at REV (a temporary git worktree), a row each
 beside the tree's, and whether the SASS is identical (addresses aside).
 
-Needs cuobjdump: on PATH, in the CUDA toolkit's bin, or in the nvidia-cuda-cuobjdump wheel
-of the Python that runs it (pip install nvidia-cuda-cuobjdump or the like).
+Needs cuobjdump and the nvdisasm it calls for SASS: on PATH, in the CUDA toolkit's bin, or in
+the wheels of the Python that runs it (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm).
 """
 import argparse
 import fnmatch
