@@ -31,6 +31,13 @@ __host__ __device__ __forceinline__ int dq_block_offset(int r, int c, int head_d
          2 * (((c & 31) >> 1) ^ ((r & 3) << 2)) + (c & 1);
 }
 
+// The columns of a Hopper kernel's dQ tile: its accumulator rows are its head dim rounded up to
+// whole tiles (head dims 96 and 112 add into 128).
+constexpr int kDqTileCols = 64;
+__host__ __device__ constexpr int dq_tiled_cols(int head_dim) {
+  return (head_dim + kDqTileCols - 1) / kDqTileCols * kDqTileCols;
+}
+
 // The sm90 dQ accumulator is stored in 64 x 64 fp32 tiles ([query block][64-column block]),
 // each row's float2 pairs swizzled by the row so that a warp's float2 stores of an accumulator
 // fragment hit every bank: the float offset of (r, c) inside a tile, c even.

@@ -12,6 +12,7 @@
 #include "cuda/flash/flash.hpp"
 #include "cuda/flash/params.hpp"
 #include "cuda/common/bwd_repair.cuh"
+#include "cuda/common/dq_layout.cuh"
 #include "cuda/common/dsink.cuh"
 #include "cuda/decode/decode.hpp"
 #include "cuda/kvcache/kv_cache.hpp"
@@ -158,12 +159,10 @@ LaunchInfo launch_info(const DeviceInfo& dev) { return LaunchInfo{dev.sm_count};
 // A kernel is compiled for one head dim, which holds q's and v's: the larger decides.
 int64_t kernel_head_dim(const Problem& p) { return std::max(p.head_dim, p.head_dim_v); }
 
-// The columns of a backward kernel's fp32 dQ accumulator: its head dim; on Hopper rounded up
-// to the 64-column tiles its warpgroups add (head dims 96 and 112 into 128).
+// The columns of a backward kernel's fp32 dQ accumulator: its head dim; on Hopper whole
+// tiles of it (common::dq_tiled_cols).
 int dq_accum_cols(const Kernel<BwdLauncher>& k) {
-  constexpr int kTileCols = 64;
-  return k.arch == Arch::Sm90 ? (k.head_dim + kTileCols - 1) / kTileCols * kTileCols
-                              : k.head_dim;
+  return k.arch == Arch::Sm90 ? common::dq_tiled_cols(k.head_dim) : k.head_dim;
 }
 
 // The backward's fp32 scratch, carved from the workspace in this order, each 256-byte aligned.

@@ -1,6 +1,7 @@
 // Hopper backward tile shapes per padded head dim: the one place they are chosen.
 #pragma once
 
+#include "cuda/common/dq_layout.cuh"
 #include "cuda/common/tile.cuh"
 
 namespace flashattn {
@@ -24,7 +25,7 @@ struct BwdConfig {
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
   static constexpr int kBlockN = 64 * kWarpGroups;          // keys per CTA: 64 per warpgroup
   static constexpr bool kDqByRows = kBlockM == 128;          // how the warpgroups split dQ
-  static constexpr int kDqCols = (kHeadDim + 63) / 64 * 64;  // the dQ tiles' columns
+  static constexpr int kDqCols = common::dq_tiled_cols(kHeadDim);  // the dQ tiles' columns
   // Deterministic mode: where a warp counts its last step's dQ add done (common::WarpDqTurn):
   // under the next step's dV wgmmas, mid-step, or at its top under S^T and dP^T. Mid-step gives
   // the add longer to complete, but a warp still waiting there holds the CTA barrier after it.
