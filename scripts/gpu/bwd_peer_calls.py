@@ -9,6 +9,15 @@ split into its launches (ours: preprocess, main kernel, postprocess) beside cuDN
 dram__bytes_write.sum python3 scripts/gpu/bwd_peer_calls.py build-gpu/lib/libflashattn.so \\
         8x2048x16x128 1x16384x16x128c
 
+and the two main kernels' sections side by side (our third backward's, then cuDNN's first; kernel
+log run 134):
+
+    ncu --clock-control none -k regex:"bwd_kernel|bprop" --launch-skip 2 --launch-count 2 \
+        --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis python3 scripts/gpu/bwd_peer_calls.py \
+        build-gpu/lib/libflashattn.so 8x2048x16x128
+
 Shapes are BxNxHxD, a trailing c for causal (default 8x2048x16x128: the sweep's d128 2k);
 bf16, [B, N, H, D] for ours and SDPA's [B, H, N, D] holding the same values, as in
 bench/compare_sdpa.py; set up as decode_calls.py does; needs torch with CUDA.
