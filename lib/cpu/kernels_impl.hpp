@@ -1188,9 +1188,15 @@ inline Ranges keys_seen(const Mask& m, const QueryTile& q, int64_t j0, int64_t n
 void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const float* V,
                         int64_t j0, int ncols, int d, int dp, int dvp, float* St, bool pairs,
                         float qmul, uint32_t* p_pairs, int p_ld) {
+  // With pairs and no logits policy, the scale multiplies each score where the softmax reads it
+  // (its maximum and its exponential) instead of in a pass of its own over the tile: the same
+  // product, so the same values as the backward's recomputation. A positive scale only, so
+  // that the masks' -inf stays -inf.
+  const bool scale_on_read = pairs && !q.lg.active() && qmul > 0.0f;
   if (pairs) {
     gemm_pairs(ncols, q.rows_p, (d + 1) / 2, reinterpret_cast<const uint32_t*>(K), dp / 2,
-               reinterpret_cast<const uint32_t*>(q.Qt), kBlockQ, St, kBlockQ, qmul);
+               reinterpret_cast<const uint32_t*>(q.Qt), kBlockQ, St, kBlockQ,
+               scale_on_read ? 1.0f : qmul);
   } else {
     gemm(ncols, q.rows_p, d, K, dp, 1, q.Qt, kBlockQ, St, kBlockQ, false);
   }
@@ -1215,33 +1221,43 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
     }
   }
   float alpha[kBlockQ];
-  for (int v = 0; v < q.rows_p / W; ++v) {
-    float* col = St + v * W;
-    // The maximum in four independent chains (a chain of vmax waits a latency per key).
-    vf mx0 = vload(col), mx1 = mx0, mx2 = mx0, mx3 = mx0;
-    int key = 1;
-    for (; key + 4 <= ncols; key += 4) {
-      mx0 = vmax(mx0, vload(col + key * kBlockQ));
-      mx1 = vmax(mx1, vload(col + (key + 1) * kBlockQ));
-      mx2 = vmax(mx2, vload(col + (key + 2) * kBlockQ));
-      mx3 = vmax(mx3, vload(col + (key + 3) * kBlockQ));
+  auto softmax_step = [&](auto scaled_on_read) {
+    constexpr bool kScale = decltype(scaled_on_read)::value;
+    const vf qs = splat(qmul);
+    auto score = [&](const float* at) { return kScale ? vload(at) * qs : vload(at); };
+    for (int v = 0; v < q.rows_p / W; ++v) {
+      float* col = St + v * W;
+      // The maximum in four independent chains (a chain of vmax waits a latency per key).
+      vf mx0 = score(col), mx1 = mx0, mx2 = mx0, mx3 = mx0;
+      int key = 1;
+      for (; key + 4 <= ncols; key += 4) {
+        mx0 = vmax(mx0, score(col + key * kBlockQ));
+        mx1 = vmax(mx1, score(col + (key + 1) * kBlockQ));
+        mx2 = vmax(mx2, score(col + (key + 2) * kBlockQ));
+        mx3 = vmax(mx3, score(col + (key + 3) * kBlockQ));
+      }
+      for (; key < ncols; ++key) mx0 = vmax(mx0, score(col + key * kBlockQ));
+      const vf mx = vmax(vmax(mx0, mx1), vmax(mx2, mx3));
+      const vf m_old = vload(q.m + v * W);
+      const vf m_new = vmax(m_old, mx);
+      // A query that sees no key yet keeps m = -inf; shifting by 0 keeps its terms at 0.
+      const vf shift = select(m_new == splat(kNegInf), vf{}, m_new);
+      vf sum{};
+      for (int j = 0; j < ncols; ++j) {
+        const vf e = exp2v_nonpositive(score(col + j * kBlockQ) - shift);
+        vstore(col + j * kBlockQ, e);
+        sum += e;
+      }
+      const vf al = exp2v_nonpositive(m_old - shift);
+      vstore(alpha + v * W, al);
+      vstore(q.l + v * W, vload(q.l + v * W) * al + sum);
+      vstore(q.m + v * W, m_new);
     }
-    for (; key < ncols; ++key) mx0 = vmax(mx0, vload(col + key * kBlockQ));
-    const vf mx = vmax(vmax(mx0, mx1), vmax(mx2, mx3));
-    const vf m_old = vload(q.m + v * W);
-    const vf m_new = vmax(m_old, mx);
-    // A query that sees no key yet keeps m = -inf; shifting by 0 keeps its terms at 0.
-    const vf shift = select(m_new == splat(kNegInf), vf{}, m_new);
-    vf sum{};
-    for (int j = 0; j < ncols; ++j) {
-      const vf e = exp2v_nonpositive(vload(col + j * kBlockQ) - shift);
-      vstore(col + j * kBlockQ, e);
-      sum += e;
-    }
-    const vf al = exp2v_nonpositive(m_old - shift);
-    vstore(alpha + v * W, al);
-    vstore(q.l + v * W, vload(q.l + v * W) * al + sum);
-    vstore(q.m + v * W, m_new);
+  };
+  if (scale_on_read) {
+    softmax_step(std::true_type{});
+  } else {
+    softmax_step(std::false_type{});
   }
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
