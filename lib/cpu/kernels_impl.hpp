@@ -956,6 +956,7 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
 // the GPU kernels round it.
 constexpr bool kPairsTimesV = true;
 
+
 // Rows [n0, n0 + count) of (b, h) of a bf16 value view as the pairs down its rows, as
 // pack_rows_pairs_down.
 inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64_t b, int64_t n0,
@@ -1271,6 +1272,17 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
   gemm_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), St, 1, kBlockQ, V, dvp, q.O, dvp, true);
 }
 
+// Keys per forward step with P V on pairs. Four key tiles on AMX tiles above head dim 64: the
+// AMX development machine (docs/perf/cpu-2026-12-07-xeon-amx-dev.md) measured d128 +3-9 %
+// against two tiles and d64 -3 to +2 %. Two tiles otherwise, as measured on Zen 4.
+inline int pairs_forward_keys(int head_dim) {
+#if FA_AMX
+  if (head_dim > 64) return kPairsForwardKeys;
+#endif
+  (void)head_dim;
+  return 2 * kBlockK;
+}
+
 // One work item: `head_group` query heads of one KV group times `query_group` query tiles of
 // each, sharing every K/V tile load (packed once for all of them: for a decode step, one row
 // per head, that is the whole cost). With pack_heads the heads are the segments of one tile
@@ -1301,13 +1313,13 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int d = static_cast<int>(p.head_dim), dp = static_cast<int>(pl.dp);
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
-  // Keys per step: with P V on tiles, twice a tile, so that each product's depth is long
-  // enough to pay for loading and storing its accumulators; else the copy's own count.
-  constexpr int kKeys = uses_pairs<E>() && kPairsTimesV ? kPairsForwardKeys : kForwardKeys;
-  static_assert(kKeys <= kMaxForwardKeys, "the workspace's tiles hold a step");
-  float* K = t.at(pl.t_kt);  // [kKeys][dp]
-  float* V = t.at(pl.t_v);   // [kKeys][dvp]
-  float* St = t.at(pl.t_s);  // [kKeys][kBlockQ]
+  // Keys per step: with P V on pairs, pairs_forward_keys; else the copy's own count.
+  static_assert(kPairsForwardKeys <= kMaxForwardKeys && kForwardKeys <= kMaxForwardKeys,
+                "the workspace's tiles hold a step");
+  const int keys = uses_pairs<E>() && kPairsTimesV ? pairs_forward_keys(d) : kForwardKeys;
+  float* K = t.at(pl.t_kt);  // [keys][dp]
+  float* V = t.at(pl.t_v);   // [keys][dvp]
+  float* St = t.at(pl.t_s);  // [keys][kBlockQ]
   uint32_t* p_pairs = reinterpret_cast<uint32_t*>(t.at(pl.t_p_pairs));  // with kPairsTimesV
   const BlockTable& pages = a.variants.block_table;
 
@@ -1359,8 +1371,8 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
     key_begin = std::max(key_begin, split_lo);
     key_end = std::min(key_end, split_hi);
   }
-  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
-    const int ncols = static_cast<int>(std::min<int64_t>(kKeys, key_end - j0));
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += keys) {
+    const int ncols = static_cast<int>(std::min<int64_t>(keys, key_end - j0));
     using Elem = typename E::T;
     for_kv_rows<E>(a.k, pages, b, seq.k_begin + j0, ncols, hk, [&](int64_t j, const Elem* row) {
       if constexpr (uses_pairs<E>()) {
@@ -1377,17 +1389,17 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
         pack_row<E>(V + j * dvp, row, dv, dvp, 1.0f);
       });
     }
-    if (j0 + kKeys < key_end) {
-      const int64_t next = std::min<int64_t>(kKeys, key_end - j0 - kKeys);
-      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + kKeys, next, hk, d, pages);
-      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + kKeys, next, hk, dv, pages);
+    if (j0 + keys < key_end) {
+      const int64_t next = std::min<int64_t>(keys, key_end - j0 - keys);
+      prefetch_rows<E>(a.k, b, seq.k_begin + j0 + keys, next, hk, d, pages);
+      prefetch_rows<E>(a.v, b, seq.k_begin + j0 + keys, next, hk, dv, pages);
     }
     for (int s = 0; s < ntiles; ++s) {
       QueryTile& q = tiles[s];
       if (j0 >= q.key_end || j0 + ncols <= q.key_begin) continue;  // no row of it sees these
       const int n = static_cast<int>(std::min<int64_t>(ncols, q.key_end - j0));
       flash_forward_tile(mask, q, K, V, j0, n, d, dp, dvp, St, uses_pairs<E>(), p.scale * kLog2e,
-                         p_pairs, kKeys / 2);
+                         p_pairs, keys / 2);
     }
   }
 

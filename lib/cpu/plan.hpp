@@ -14,13 +14,14 @@ namespace cpu {
 constexpr int kBlockQ = 64;  // query rows per tile
 constexpr int kBlockK = 64;  // keys per tile
 constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
-// Flash forward in bf16 with P V on AMX tiles: keys per step (two tiles' worth, so that each
-// product's depth pays for loading and storing its accumulators).
-constexpr int kPairsForwardKeys = 2 * kBlockK;
+// Flash forward in bf16 with P V on pairs: keys per step at most (kernels_impl.hpp,
+// pairs_forward_keys). Longer steps give each product's depth more to pay for loading and
+// storing its accumulators.
+constexpr int kPairsForwardKeys = 4 * kBlockK;
 // Flash forward: keys per step at most, what the workspace's K, V and score tiles hold. Each
 // instruction set's kernels take as many per step as pay for their products' accumulators
 // (kernels_impl.hpp, kForwardKeys).
-constexpr int kMaxForwardKeys = 2 * kBlockK;
+constexpr int kMaxForwardKeys = 4 * kBlockK;
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
 constexpr int kMaxHeadDim = 256;  // of q, k and of v: what the CPU backend supports
