@@ -956,7 +956,6 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
 // the GPU kernels round it.
 constexpr bool kPairsTimesV = true;
 
-
 // Rows [n0, n0 + count) of (b, h) of a bf16 value view as the pairs down its rows, as
 // pack_rows_pairs_down.
 inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64_t b, int64_t n0,
@@ -1272,9 +1271,9 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
   gemm_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), St, 1, kBlockQ, V, dvp, q.O, dvp, true);
 }
 
-// Keys per forward step with P V on pairs. Four key tiles on AMX tiles above head dim 64: the
-// AMX development machine (docs/perf/cpu-2026-12-07-xeon-amx-dev.md) measured d128 +3-9 %
-// against two tiles and d64 -3 to +2 %. Two tiles otherwise, as measured on Zen 4.
+// Keys per forward step with P V on pairs: four key tiles on AMX above head dim 64 (d128 at 4k
+// +2.5-7.8 % against two on an AMX Xeon, docs/perf/cpu-2026-12-07-xeon-amx-dev.md); two at d64,
+// where four were no faster, and on the avx512bf16 copy, where four were not measured.
 inline int pairs_forward_keys(int head_dim) {
 #if FA_AMX
   if (head_dim > 64) return kPairsForwardKeys;
