@@ -140,13 +140,29 @@ inline vf vabs(vf x) { return (vf)((vu)x & 0x7fffffffu); }
 
 // 2^x for x <= 0, the softmax's exponent (a score less its row's maximum or LSE): most of the
 // forward's time outside the GEMMs (without it, the AVX2 d64 forward took 14 % less time).
-// Fewer multiply-pipe instructions than exp2v: a degree-5 minimax polynomial (2.3e-7 relative
-// at most, exp2v 9e-8), no upper clamp, the zeros by a mask. exp2v's conventions: below -125
-// (-inf included) exactly 0, never a denormal, NaN stays NaN; positive x is outside its range.
-// AVX-512's exp2v is already short (rounding and scaling instructions) and was not timed
-// against this: it keeps exp2v.
+// Fewer multiply-pipe instructions than exp2v: a degree-5 polynomial, minimax in relative error
+// under the constraint p(0) = 1 exactly (1.6e-7 relative at most in float arithmetic, exp2v
+// 9e-8), so that a one-hot softmax's one term is exactly 1; no upper clamp, the zeros by a
+// mask. exp2v's conventions: below -125 (-inf included) exactly 0, never a denormal, NaN stays
+// NaN; positive x is outside its range.
+inline vf exp2_poly5(vf f) {  // 2^f on [-0.5, 0.5]
+  vf p = splat(1.32647285e-3f);
+  p = vfma(p, f, splat(9.67151299e-3f));
+  p = vfma(p, f, splat(5.55073358e-2f));
+  p = vfma(p, f, splat(2.40222424e-1f));
+  p = vfma(p, f, splat(6.93147004e-1f));
+  p = vfma(p, f, splat(1.0f));
+  return p;
+}
 #if FA_W == 16
-inline vf exp2v_nonpositive(vf x) { return exp2v(x); }
+// AVX-512: exp2v's rounding and scaling instructions around the shorter polynomial.
+inline vf exp2v_nonpositive(vf v) {
+  const __m512 x = (__m512)v;
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf p = exp2_poly5((vf)_mm512_sub_ps(x, n));
+  return (vf)_mm512_maskz_scalef_ps(kept, (__m512)p, n);
+}
 #else
 inline vf exp2v_nonpositive(vf x) {
   const vi below = x < splat(-125.0f);     // false for NaN
@@ -154,12 +170,7 @@ inline vf exp2v_nonpositive(vf x) {
   const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const vf r = x + shifter;
   const vf f = x - (r - shifter);
-  vf p = splat(1.3276471e-3f);  // 2^f on [-0.5, 0.5], relative minimax
-  p = vfma(p, f, splat(9.6755410e-3f));
-  p = vfma(p, f, splat(5.5507131e-2f));
-  p = vfma(p, f, splat(2.4022120e-1f));
-  p = vfma(p, f, splat(6.9314694e-1f));
-  p = vfma(p, f, splat(1.0000001f));
+  const vf p = exp2_poly5(f);
   const vf scale = (vf)(((vu)r - (vu)shifter + 127u) << 23);
   return (vf)((vi)(p * scale) & ~below);
 }
