@@ -96,17 +96,25 @@ inline vf vfma(vf a, vf b, vf c) {
 #endif
 }
 
-// 2^f for f in [-0.5, 0.5]: the degree-7 Taylor polynomial.
-inline vf exp2_poly(vf f) {
-  vf p = splat(1.5252733804059841e-5f);  // ln(2)^k / k!
-  p = vfma(p, f, splat(1.5403530393381608e-4f));
-  p = vfma(p, f, splat(1.3333558146428443e-3f));
-  p = vfma(p, f, splat(9.6181291076284772e-3f));
-  p = vfma(p, f, splat(5.5504108664821580e-2f));
-  p = vfma(p, f, splat(2.4022650695910071e-1f));
-  p = vfma(p, f, splat(6.9314718055994531e-1f));
-  p = vfma(p, f, splat(1.0f));
+// c[0] + f (c[1] + f (c[2] + ...)) by Horner's rule, one fused multiply-add a term.
+template <int N>
+inline vf horner(vf f, const float (&c)[N]) {
+  vf p = splat(c[N - 1]);
+  for (int k = N - 2; k >= 0; --k) p = vfma(p, f, splat(c[k]));
   return p;
+}
+
+// 2^f for f in [-0.5, 0.5]: the degree-7 Taylor polynomial, ln(2)^k / k!.
+inline vf exp2_poly(vf f) {
+  constexpr float kTaylor[] = {1.0f,
+                               6.9314718055994531e-1f,
+                               2.4022650695910071e-1f,
+                               5.5504108664821580e-2f,
+                               9.6181291076284772e-3f,
+                               1.3333558146428443e-3f,
+                               1.5403530393381608e-4f,
+                               1.5252733804059841e-5f};
+  return horner(f, kTaylor);
 }
 // 2^x to about 1 ulp: 2^round(x) from the exponent bits times exp2_poly of the rest in
 // [-0.5, 0.5]. Inputs below -125 (-inf included) give exactly 0, so no denormal is ever
@@ -146,13 +154,9 @@ inline vf vabs(vf x) { return (vf)((vu)x & 0x7fffffffu); }
 // mask. exp2v's conventions: below -125 (-inf included) exactly 0, never a denormal, NaN stays
 // NaN; positive x is outside its range.
 inline vf exp2_poly5(vf f) {  // 2^f on [-0.5, 0.5]
-  vf p = splat(1.32647285e-3f);
-  p = vfma(p, f, splat(9.67151299e-3f));
-  p = vfma(p, f, splat(5.55073358e-2f));
-  p = vfma(p, f, splat(2.40222424e-1f));
-  p = vfma(p, f, splat(6.93147004e-1f));
-  p = vfma(p, f, splat(1.0f));
-  return p;
+  constexpr float kMinimax[] = {1.0f,           6.93147004e-1f, 2.40222424e-1f,
+                                5.55073358e-2f, 9.67151299e-3f, 1.32647285e-3f};
+  return horner(f, kMinimax);
 }
 #if FA_W == 16
 // AVX-512: exp2v's rounding and scaling instructions around the shorter polynomial.
@@ -183,13 +187,11 @@ inline vf tanhv(vf y) {
   constexpr float kTaylor[] = {-1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835,
                                -1382.0f / 155925, 21844.0f / 6081075, -929569.0f / 638512875,
                                6404582.0f / 10854718875.0f};
-  constexpr int kTerms = sizeof(kTaylor) / sizeof(kTaylor[0]);
   constexpr float kTaylorBelow = 0.5f;
   const vu sign = (vu)y & 0x80000000u;
   const vf a = vabs(y);
   const vf z = a * a;
-  vf poly = splat(kTaylor[kTerms - 1]);
-  for (int t = kTerms - 2; t >= 0; --t) poly = vfma(poly, z, splat(kTaylor[t]));
+  const vf poly = horner(z, kTaylor);
   const vf small = vfma(a, z * poly, a);
   const vf e = exp2v(a * splat(2.0f * 1.44269504088896340736f));
   const vf large = splat(1.0f) - splat(2.0f) / (e + splat(1.0f));
