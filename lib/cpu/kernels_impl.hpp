@@ -1289,10 +1289,10 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
 // where four were no faster, and on the avx512bf16 copy, where four were not measured.
 inline int pairs_forward_keys(int head_dim) {
 #if FA_AMX
-  if (head_dim > 64) return kPairsForwardKeys;
+  if (head_dim > kWideStepAboveHeadDim) return kPairsForwardKeys;
 #endif
   (void)head_dim;
-  return 2 * kBlockK;
+  return kNarrowForwardKeys;
 }
 
 // One work item: `head_group` query heads of one KV group times `query_group` query tiles of
@@ -1326,8 +1326,9 @@ void flash_forward_item(const ForwardArgs& a, const Plan& pl, char* ws, int64_t 
   const int dv = static_cast<int>(p.head_dim_v), dvp = static_cast<int>(pl.dvp);
   const Thread t = thread_area(pl, ws, worker);
   // Keys per step: with P V on pairs, pairs_forward_keys; else the copy's own count.
-  static_assert(kPairsForwardKeys <= kMaxForwardKeys && kForwardKeys <= kMaxForwardKeys,
-                "the workspace's tiles hold a step");
+  // The workspace's tiles hold forward_step_keys: kPairsForwardKeys only where
+  // pairs_forward_keys may take it (bf16 above kWideStepAboveHeadDim), kNarrowForwardKeys else.
+  static_assert(kForwardKeys <= kNarrowForwardKeys, "the workspace's tiles hold a step");
   const int keys = uses_pairs<E>() && kPairsTimesV ? pairs_forward_keys(d) : kForwardKeys;
   float* K = t.at(pl.t_kt);  // [keys][dp]
   float* V = t.at(pl.t_v);   // [keys][dvp]

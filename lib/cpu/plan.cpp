@@ -128,10 +128,7 @@ Plan make_plan(const Problem& p, bool backward, int threads) {
       plan.split_lse = shared.take(sz.mul({parts, rows, f}, "partial LSE"), "partial LSE");
     }
     const int64_t g = plan.query_group * plan.head_group;
-    // Keys per step, whichever kernels run: only bf16 above head dim 64 may step by
-    // kPairsForwardKeys (the AMX copy's pairs_forward_keys).
-    const int64_t keys =
-        p.dtype == DType::BF16 && p.head_dim > 64 ? kMaxForwardKeys : 2 * kBlockK;
+    const int64_t keys = forward_step_keys(p);  // whichever kernels run
     plan.t_q = thread.take(sz.mul({g, kBlockQ, dp, f}, "Q tiles"), "Q tiles");
     plan.t_kt = thread.take(sz.mul({keys, dp, f}, "a key tile"), "K tile");
     plan.t_v = thread.take(sz.mul({keys, dvp, f}, "a value tile"), "V tile");

@@ -14,14 +14,18 @@ namespace cpu {
 constexpr int kBlockQ = 64;  // query rows per tile
 constexpr int kBlockK = 64;  // keys per tile
 constexpr int kPad = 16;     // head dims and materialized rows padded to 16 floats (64 bytes)
-// Flash forward in bf16 with P V on pairs: keys per step at most (kernels_impl.hpp,
-// pairs_forward_keys). Longer steps give each product's depth more to pay for loading and
-// storing its accumulators.
+// Flash forward: keys per step. Each instruction set's kernels take as many per step as pay for
+// their products' accumulators (kernels_impl.hpp: kForwardKeys, pairs_forward_keys), at most
+// kNarrowForwardKeys; only bf16 above kWideStepAboveHeadDim may take kPairsForwardKeys (the
+// AMX copy's P V on pairs). forward_step_keys says what the workspace's K, V and score tiles
+// hold for a problem; the kernels check their steps against these constants.
+constexpr int kNarrowForwardKeys = 2 * kBlockK;
 constexpr int kPairsForwardKeys = 4 * kBlockK;
-// Flash forward: keys per step at most, what the workspace's K, V and score tiles hold. Each
-// instruction set's kernels take as many per step as pay for their products' accumulators
-// (kernels_impl.hpp, kForwardKeys).
-constexpr int kMaxForwardKeys = 4 * kBlockK;
+constexpr int kWideStepAboveHeadDim = 64;
+inline int64_t forward_step_keys(const Problem& p) {
+  return p.dtype == DType::BF16 && p.head_dim > kWideStepAboveHeadDim ? kPairsForwardKeys
+                                                                       : kNarrowForwardKeys;
+}
 constexpr int kMinBackwardItems = 16;  // flash backward: split keys until this many work items
 constexpr int kMaxKeyChunks = 16;
 constexpr int kMaxHeadDim = 256;  // of q, k and of v: what the CPU backend supports
