@@ -83,7 +83,11 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
 
   const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
-  const int wg = tid / 128;           // warpgroup: keys [64 wg, 64 wg + 64) of the block
+  // Warpgroup: keys [64 wg, 64 wg + 64) of the block. Read through a shuffle, so that the
+  // compiler knows it is uniform and builds the wgmma descriptors in uniform registers (from
+  // tid / 128 it built the K and V ones in ordinary registers and moved them over, ~6
+  // instructions a wgmma).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int warp = (tid % 128) / 32;  // warp within the warpgroup: accumulator rows 16 warp..
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -149,6 +153,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   // of K, or all queries and its 64-column block of K.
   const uint32_t dq_a_addr = common::smem_u32(sdS) + (Cfg::kDqByRows ? wg * kBlockN * 128 : 0);
   const uint32_t dq_b_addr = common::smem_u32(sK) + (Cfg::kDqByRows ? 0 : wg * kBlockN * 128);
+  const uint64_t dq_a_desc = smem_desc(dq_a_addr, kBlockN * 128, 1024);
+  const uint64_t dq_b_desc = smem_desc(dq_b_addr, kBlockN * 128, 1024);
   float* warp_dq = sDQ + wg * 64 * 64 + warp * 16 * 64;  // this warp's 16 rows of the tile
 
   common::WarpDqTurn turns;  // deterministic: this warp's turns at the query blocks' semaphores
@@ -164,6 +170,9 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     const int stage = slot.index;
     const uint32_t q_addr = common::smem_u32(sQ + stage * TileQ::kElems);
     const uint32_t do_addr = common::smem_u32(sdO + stage * TileQ::kElems);
+    // As MN-major B operands of dV += P^T dO and dK += dS^T Q.
+    const uint64_t q_desc = smem_desc(q_addr, kBlockM * 128, 1024);
+    const uint64_t do_desc = smem_desc(do_addr, kBlockM * 128, 1024);
     const float* lse2 = sStats + stage * 2 * kBlockM;
     const float* dsum = lse2 + kBlockM;
 
@@ -287,8 +296,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kQSteps; ++kk) {
-      wgmma_rs<T, kHeadDim>(acc_dv, pt[kk],
-                            smem_desc(do_addr + kk * 2048, kBlockM * 128, 1024), 1);
+      wgmma_rs<T, kHeadDim>(acc_dv, pt[kk], smem_desc_plus(do_desc, kk * 2048), 1);
     }
     wgmma_commit();
     if (Cfg::kDqTurnPassMidStep && p.deterministic) turns.pass(p.dq_semaphore);  // under dV's
@@ -308,15 +316,15 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_ss_tt<T, 64>(acc_dq, smem_desc(dq_a_addr + kk * 2048, kBlockN * 128, 1024),
-                         smem_desc(dq_b_addr + kk * 2048, kBlockN * 128, 1024), kk > 0);
+      wgmma_ss_tt<T, 64>(acc_dq, smem_desc_plus(dq_a_desc, kk * 2048),
+                         smem_desc_plus(dq_b_desc, kk * 2048), kk > 0);
     }
     wgmma_commit();
     // dK += dS^T Q (B = Q MN-major) after dQ, so that it runs while dQ goes out below.
 #pragma unroll
     for (int kk = 0; kk < kQSteps; ++kk) {
       wgmma_rs<T, kHeadDim>(acc_dk, dst[kk],
-                            smem_desc(q_addr + kk * 2048, kBlockM * 128, 1024), 1);
+                            smem_desc_plus(q_desc, kk * 2048), 1);
     }
     wgmma_commit();
     wgmma_wait<1>();  // dV and dQ are complete

@@ -21,6 +21,15 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
   return d;
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) past desc's. The start address is the
+// descriptor's low field, addr >> 4 in 14 bits; the CTA's shared memory ends below 2^18 bytes,
+// so an offset inside it never carries out of the field. One add instead of the mask, shift
+// and or of smem_desc at every k-step's wgmma (d128 backward: ~5 instructions a wgmma, 32
+// wgmmas a step).
+__device__ __forceinline__ uint64_t smem_desc_plus(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef FLASHATTN_SM90A_DEVICE
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -60,10 +69,11 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[M][4]) {
 template <class T, int N, int kK>
 __device__ __forceinline__ void wgmma_ss_k(float (&acc)[N / 2], uint32_t a, uint32_t a_block,
                                            uint32_t b, uint32_t b_block) {
+  const uint64_t desc_a = smem_desc(a, 16, 1024), desc_b = smem_desc(b, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
-    wgmma_ss<T, N>(acc, smem_desc(a + (kk % 4) * 32 + (kk / 4) * a_block, 16, 1024),
-                   smem_desc(b + (kk % 4) * 32 + (kk / 4) * b_block, 16, 1024), kk > 0);
+    wgmma_ss<T, N>(acc, smem_desc_plus(desc_a, (kk % 4) * 32 + (kk / 4) * a_block),
+                   smem_desc_plus(desc_b, (kk % 4) * 32 + (kk / 4) * b_block), kk > 0);
   }
 }
 
