@@ -969,6 +969,40 @@ inline void pack_pairs_along(uint32_t* dst, int64_t ld_dst, const float* src, in
 // the GPU kernels round it.
 constexpr bool kPairsTimesV = true;
 
+// The softmax's exponentials of one vector of 16 queries over a step's ncols keys (scores at
+// col + key * kBlockQ, read through score), written straight as P's transposed pairs, the A
+// operand of P V: dst[query * ld + p] = (P[query][2p], P[query][2p + 1]), whole blocks of 16
+// pairs (zeros past the keys). The values and their rounding are pack_pairs_transposed's of
+// the exponentials stored as floats; this skips the store and the reload. Returns the keys'
+// sum, added in key order.
+template <class Score>
+inline vf exp_to_pairs_transposed(uint32_t* dst, int64_t ld, const Score& score, const float* col,
+                                  int ncols, vf shift) {
+  vf sum{};
+  const int pairs = (ncols + 1) / 2;
+  for (int p0 = 0; p0 < pairs; p0 += 16) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) {
+      const int key = 2 * (p0 + i);
+      if (key >= ncols) {
+        r[i] = _mm512_setzero_si512();
+        continue;
+      }
+      const vf lo = exp2v_nonpositive(score(col + key * kBlockQ) - shift);
+      sum += lo;
+      vf hi{};
+      if (key + 1 < ncols) {
+        hi = exp2v_nonpositive(score(col + (key + 1) * kBlockQ) - shift);
+        sum += hi;
+      }
+      r[i] = round_pairs(lo, hi);
+    }
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld + p0, r[i]);
+  }
+  return sum;
+}
+
 // Rows [n0, n0 + count) of (b, h) of a bf16 value view as the pairs down its rows, as
 // pack_rows_pairs_down.
 inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64_t b, int64_t n0,
@@ -980,6 +1014,10 @@ inline void pack_value_pairs(uint32_t* dst, int64_t ldd, const Tensor4& t, int64
 #else
 // The copies without pairs never pack them (every call is under uses_pairs).
 constexpr bool kPairsTimesV = false;
+template <class Score>
+inline vf exp_to_pairs_transposed(uint32_t*, int64_t, const Score&, const float*, int, vf) {
+  return vf{};
+}
 inline void pack_value_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int64_t,
                              int, const BlockTable&) {}
 inline void pack_transposed_pairs(uint32_t*, int64_t, const Tensor4&, int64_t, int64_t, int, int,
@@ -1234,6 +1272,8 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
     }
   }
   float alpha[kBlockQ];
+  // With P V on pairs the exponentials go straight to P's pairs (St keeps the scores).
+  const bool pack_p = pairs && kPairsTimesV;
   auto softmax_step = [&](auto scaled_on_read) {
     constexpr bool kScale = decltype(scaled_on_read)::value;
     const vf qs = splat(qmul);
@@ -1256,10 +1296,14 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
       // A query that sees no key yet keeps m = -inf; shifting by 0 keeps its terms at 0.
       const vf shift = select(m_new == splat(kNegInf), vf{}, m_new);
       vf sum{};
-      for (int j = 0; j < ncols; ++j) {
-        const vf e = exp2v_nonpositive(score(col + j * kBlockQ) - shift);
-        vstore(col + j * kBlockQ, e);
-        sum += e;
+      if (pack_p) {
+        sum = exp_to_pairs_transposed(p_pairs + v * W * p_ld, p_ld, score, col, ncols, shift);
+      } else {
+        for (int j = 0; j < ncols; ++j) {
+          const vf e = exp2v_nonpositive(score(col + j * kBlockQ) - shift);
+          vstore(col + j * kBlockQ, e);
+          sum += e;
+        }
       }
       const vf al = exp2v_nonpositive(m_old - shift);
       vstore(alpha + v * W, al);
@@ -1275,8 +1319,7 @@ void flash_forward_tile(const Mask& mask, QueryTile& q, const float* K, const fl
   for (int r = 0; r < q.rows; ++r) {
     if (alpha[r] != 1.0f) scale_row(q.O + r * dvp, dvp, alpha[r]);
   }
-  if (pairs && kPairsTimesV) {
-    pack_pairs_transposed(p_pairs, p_ld, St, kBlockQ, ncols, q.rows_p);
+  if (pack_p) {
     gemm_pairs_ranges(q.rows, dvp, keys_seen(mask, q, j0, ncols), p_pairs, p_ld,
                       reinterpret_cast<const uint32_t*>(V), dvp, q.O, dvp);
     return;
