@@ -68,21 +68,23 @@ __device__ __forceinline__ void plain_scores_transposed(float (&acc_s)[kCols8 * 
   }
 }
 
-// The sinks' share of their gradient from the final (masked) P^T and dP^T of the query
-// columns 8 j .. 8 j + 7, in the general loop's order; one P_sink per column. Called per j from
-// the loop that consumes P^T and dP^T, so that it holds no register of its own past it.
+// The sinks' share of their gradient from the step's final (masked) P^T and dP^T; one P_sink
+// per query column. One pass before the loop that consumes P^T and dP^T (which holds them
+// live anyway), so that the step takes one branch on the sinks, not one per column group.
 template <int kCols8>
-__device__ __forceinline__ void add_dsinks_transposed(int j, const float (&acc_s)[kCols8 * 4],
+__device__ __forceinline__ void add_dsinks_transposed(const float (&acc_s)[kCols8 * 4],
                                                       const float (&acc_dp)[kCols8 * 4],
                                                       const float* lse2, float sink2, int t,
                                                       DsinkAccumulator& dsink) {
-  float share[2];
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    share[c] = DsinkAccumulator::sink_share(sink2, lse2[8 * j + 2 * t + c]);
+  for (int j = 0; j < kCols8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      dsink.add_pair(DsinkAccumulator::sink_share(sink2, lse2[8 * j + 2 * t + c]),
+                     acc_s[4 * j + c], acc_dp[4 * j + c], acc_s[4 * j + 2 + c],
+                     acc_dp[4 * j + 2 + c]);
+    }
   }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) dsink.add(share[e % 2], acc_s[4 * j + e], acc_dp[4 * j + e]);
 }
 
 // The general pass for one kind of mod. kSoftcapOnly (ScoreMod::softcap_only): the arithmetic

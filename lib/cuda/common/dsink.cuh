@@ -40,6 +40,14 @@ struct DsinkAccumulator {
   __device__ __forceinline__ void add(float share, float prob, float dp) {
     if (prob != 0.0f) sum = fmaf(share * prob, dp, sum);
   }
+  // One query's two scores in this thread (keys r and r + 8 of the transposed fragment): one
+  // multiply and two FMAs for the pair, where add takes a test, a multiply and an FMA a score.
+  // No guard for a hidden pair: its P is exactly 0 and its dP finite (the rows and keys past the
+  // ends are loaded as zeros), as dS = P (dP - D), which takes no guard either, assumes.
+  __device__ __forceinline__ void add_pair(float share, float p0, float dp0, float p1,
+                                           float dp1) {
+    sum = fmaf(share, fmaf(p1, dp1, p0 * dp0), sum);
+  }
   // Warp-wide: this warp's sum for (batch, head) of the key block starting at n0.
   __device__ __forceinline__ void flush(const cuda::BwdParams& p, int batch, int head, int n0) {
     float s = sum;

@@ -160,6 +160,10 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   common::WarpDqTurn turns;  // deterministic: this warp's turns at the query blocks' semaphores
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
+  // The sinks' logit of the step's head, held across steps: loaded at its use, it put a global
+  // load on each step's path between the GEMMs and the scores.
+  const bool biased_dsinks = kBiased && with_dsinks;
+  float sink2 = biased_dsinks ? common::sink_log2_of(p, head) : 0.0f;
   if (tma) mbar_wait(kv_full, 0);
   RingSlot<kStages> slot;  // this step's stage and the parity of its use
   for (int step = 0; step < steps; ++step, slot.advance()) {
@@ -245,13 +249,12 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
-    const float sink2 = common::sink_log2_of(p, head);
+    if (biased_dsinks) {
+      common::add_dsinks_transposed<kBlockM / 8>(acc_s, acc_dp, lse2, sink2, t, dsink);
+    }
 
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
-      if (kBiased && with_dsinks) {
-        common::add_dsinks_transposed<kBlockM / 8>(j, acc_s, acc_dp, lse2, sink2, t, dsink);
-      }
       float dv[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -354,6 +357,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
     }
+    if (biased_dsinks && next_head != head) sink2 = common::sink_log2_of(p, next_head);
     head = next_head;
     m_block = next_m_block;
     if constexpr (!Cfg::kDkUnderNextStep) {

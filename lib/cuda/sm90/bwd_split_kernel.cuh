@@ -74,7 +74,9 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
   const common::BwdBlock<kBlockM, kBlockN, kGeneral> blk(p);
   const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  // Through a shuffle, so that the compiler knows it is uniform and keeps the wgmma descriptors
+  // built from it in uniform registers (as the main kernel's).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int warp = (tid % 128) / 32;  // accumulator rows 16 warp + g (+8): keys, or queries (dQ)
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -132,6 +134,18 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
   // This warpgroup's head-dim columns start at 64-column block 2 wg of K, Q and dO tiles.
   constexpr uint32_t kColBlockKV = kBlockN * 128;  // bytes of one 64-column block
   constexpr uint32_t kColBlockQ = kBlockM * 128;
+  // The step's wgmma descriptors, built once and offset per k-step (smem_desc_plus): P^T and
+  // dS^T K-major as the A of dV and dK, dS^T MN-major as the A of dQ, this warpgroup's columns
+  // of K, and of Q and dO in stage 0.
+  constexpr uint32_t kStageBytes = 2 * TileQ::kElems * sizeof(T);  // one of Q, dO per stage
+  const uint64_t p_desc = smem_desc(p_addr, 16, 1024);
+  const uint64_t ds_desc = smem_desc(ds_addr, 16, 1024);
+  const uint64_t ds_mn_desc = smem_desc(ds_addr, kColBlockKV, 1024);
+  const uint64_t k_mn_desc = smem_desc(k_addr + 2 * wg * kColBlockKV, kColBlockKV, 1024);
+  const uint64_t q_mn_desc0 =
+      smem_desc(common::smem_u32(sQ) + 2 * wg * kColBlockQ, kColBlockQ, 1024);
+  const uint64_t do_mn_desc0 =
+      smem_desc(common::smem_u32(sdO) + 2 * wg * kColBlockQ, kColBlockQ, 1024);
 
   // The last step's dQ (acc_dq), and where it goes: staged in that step's Q/dO stage at the
   // top of the next step; each warp adds its 16 rows of each of its two 64-column tiles.
@@ -162,6 +176,10 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
 
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
+  // The sinks' logit of the step's head, held across steps: loaded at its use, it put a global
+  // load on each step's path between the GEMMs and the scores.
+  const bool biased_dsinks = kBiased && with_dsinks;
+  float sink2 = biased_dsinks ? common::sink_log2_of(p, head) : 0.0f;
   if (tma) mbar_wait(kv_full, 0);
   RingSlot<2> slot;  // this step's stage and the parity of its use
   for (int step = 0; step < steps; ++step, slot.advance()) {
@@ -225,16 +243,15 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
       wgmma_wait<0>();
       fence_registers(acc_dp);
     }
-    const float sink2 = common::sink_log2_of(p, head);
+    if (biased_dsinks) {
+      common::add_dsinks_transposed<kQSplit / 8>(acc_s, acc_dp, lse2, sink2, t, dsink);
+    }
 
     // P^T and dS^T to shared memory, [keys][queries]: TileP::offset with this thread's rows
     // (r % 8 == g) and chunk 4 wg + j of the row written out.
     const int row_off = (warp * 16 + g) * 64 + 2 * t;
 #pragma unroll
     for (int j = 0; j < kQSplit / 8; ++j) {
-      if (kBiased && with_dsinks) {
-        common::add_dsinks_transposed<kQSplit / 8>(j, acc_s, acc_dp, lse2, sink2, t, dsink);
-      }
       const int off = row_off + (((wg * (kQSplit / 8) + j) ^ g) << 3);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -260,26 +277,20 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      wgmma_ss_tb<T, kDSplit>(acc_dv, smem_desc(p_addr + kk * 32, 16, 1024),
-                              smem_desc(do_addr + 2 * wg * kColBlockQ + kk * 2048, kColBlockQ,
-                                        1024),
-                              1);
+      wgmma_ss_tb<T, kDSplit>(acc_dv, smem_desc_plus(p_desc, kk * 32),
+                              smem_desc_plus(do_mn_desc0, stage * kStageBytes + kk * 2048), 1);
     }
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      wgmma_ss_tb<T, kDSplit>(acc_dk, smem_desc(ds_addr + kk * 32, 16, 1024),
-                              smem_desc(q_addr + 2 * wg * kColBlockQ + kk * 2048, kColBlockQ,
-                                        1024),
-                              1);
+      wgmma_ss_tb<T, kDSplit>(acc_dk, smem_desc_plus(ds_desc, kk * 32),
+                              smem_desc_plus(q_mn_desc0, stage * kStageBytes + kk * 2048), 1);
     }
     // dQ = dS K: m64 (queries) x n128 (this warpgroup's columns), k = 64 keys; A = dS read
     // MN-major from dS^T, B = K MN-major.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_ss_tt<T, kDSplit>(acc_dq, smem_desc(ds_addr + kk * 2048, kColBlockKV, 1024),
-                              smem_desc(k_addr + 2 * wg * kColBlockKV + kk * 2048, kColBlockKV,
-                                        1024),
-                              kk > 0);
+      wgmma_ss_tt<T, kDSplit>(acc_dq, smem_desc_plus(ds_mn_desc, kk * 2048),
+                              smem_desc_plus(k_mn_desc, kk * 2048), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -299,6 +310,7 @@ __global__ void __launch_bounds__(BwdSplitConfig<kHeadDim>::kNThreads, 1)
         (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
     }
+    if (biased_dsinks && next_head != head) sink2 = common::sink_log2_of(p, next_head);
     head = next_head;
     m_block = next_m_block;
   }

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim, kLongRows>::kNThreads, 1)
     constexpr int kTurnThreads = 256;  // the waiting warpgroup and the one handing on
 
     const uint32_t k_addr = common::smem_u32(sK);
-    const uint32_t v_addr = common::smem_u32(sV);
+    const uint64_t v_desc0 = smem_desc(common::smem_u32(sV), kBlockN * 128, 1024);  // V's ring slot 0
     RingSlot<kStages> kv;
     RingSlot<kQStages> q;
     if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);  // the first tile's turn
@@ -221,10 +221,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim, kLongRows>::kNThreads, 1)
                                        k_addr + slot * Cfg::kKVBytes, kBlockN * 128);
     };
     auto gemm_pv = [&](float(&acc)[kHeadDim / 2], const uint32_t(&pa)[kKSteps][4], int slot) {
-      const uint32_t v = v_addr + slot * Cfg::kKVBytes;
+      const uint64_t v_desc = smem_desc_plus(v_desc0, slot * Cfg::kKVBytes);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        wgmma_rs<T, kHeadDim>(acc, pa[kk], smem_desc(v + kk * 2048, kBlockN * 128, 1024), 1);
+        wgmma_rs<T, kHeadDim>(acc, pa[kk], smem_desc_plus(v_desc, kk * 2048), 1);
       }
     };
     auto pack_p = [&](uint32_t(&pa)[kKSteps][4], const float(&acc)[kBlockN / 2]) {
