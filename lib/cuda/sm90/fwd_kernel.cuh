@@ -209,7 +209,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim, kLongRows>::kNThreads, 1)
     constexpr int kTurnThreads = 256;  // the waiting warpgroup and the one handing on
 
     const uint32_t k_addr = common::smem_u32(sK);
-    const uint64_t v_desc0 = smem_desc(common::smem_u32(sV), kBlockN * 128, 1024);  // V's ring slot 0
+    // V's ring slot 0 as the B operand of P V; a slot and k-step offset it (smem_desc_plus).
+    const uint64_t v_desc0 = smem_desc(common::smem_u32(sV), kBlockN * 128, 1024);
     RingSlot<kStages> kv;
     RingSlot<kQStages> q;
     if (last_in_turn) named_barrier_arrive(turn_next, kTurnThreads);  // the first tile's turn
