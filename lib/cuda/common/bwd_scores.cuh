@@ -69,18 +69,19 @@ __device__ __forceinline__ void plain_scores_transposed(float (&acc_s)[kCols8 * 
 }
 
 // The sinks' share of their gradient from the step's final (masked) P^T and dP^T; one P_sink
-// per query column. One pass before the loop that consumes P^T and dP^T (which holds them
-// live anyway), so that the step takes one branch on the sinks, not one per column group.
+// per query column, from the head's logit in dsink (set_head). One pass before the loop that
+// consumes P^T and dP^T (which holds them live anyway), so that the step takes one branch on
+// the sinks, not one per column group.
 template <int kCols8>
 __device__ __forceinline__ void add_dsinks_transposed(const float (&acc_s)[kCols8 * 4],
                                                       const float (&acc_dp)[kCols8 * 4],
-                                                      const float* lse2, float sink2, int t,
+                                                      const float* lse2, int t,
                                                       DsinkAccumulator& dsink) {
 #pragma unroll
   for (int j = 0; j < kCols8; ++j) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      dsink.add_pair(DsinkAccumulator::sink_share(sink2, lse2[8 * j + 2 * t + c]),
+      dsink.add_pair(DsinkAccumulator::sink_share(dsink.sink2, lse2[8 * j + 2 * t + c]),
                      acc_s[4 * j + c], acc_dp[4 * j + c], acc_s[4 * j + 2 + c],
                      acc_dp[4 * j + 2 + c]);
     }

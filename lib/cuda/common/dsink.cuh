@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/score_mod.cuh"
 #include "cuda/flash/params.hpp"
 
 namespace flashattn {
@@ -31,6 +32,13 @@ __host__ __device__ inline int64_t dsink_partial_count(const cuda::BwdParams& p)
 
 struct DsinkAccumulator {
   float sum = 0.0f;
+  // The sink's logit (log2 units) of the head a loop's steps are on, for loops that add by
+  // steps (add_dsinks_transposed): held across steps and set again only where the head
+  // changes, since a load at each step put a global load between the GEMMs and the scores.
+  float sink2 = 0.0f;
+  __device__ __forceinline__ void set_head(const cuda::BwdParams& p, int head) {
+    sink2 = sink_log2_of(p, head);
+  }
 
   // P_sink of a row from its LSE * log2(e) (+inf for rows past the end or without keys: 0).
   __device__ __forceinline__ static float sink_share(float sink2, float lse2) {

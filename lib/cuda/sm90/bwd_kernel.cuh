@@ -160,10 +160,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
   common::WarpDqTurn turns;  // deterministic: this warp's turns at the query blocks' semaphores
   common::DsinkAccumulator dsink;  // this thread's share of the sinks' gradient
   const bool with_dsinks = p.dsinks != nullptr;
-  // The sinks' logit of the step's head, held across steps: loaded at its use, it put a global
-  // load on each step's path between the GEMMs and the scores.
-  const bool biased_dsinks = kBiased && with_dsinks;
-  float sink2 = biased_dsinks ? common::sink_log2_of(p, head) : 0.0f;
+  const bool biased_dsinks = kBiased && with_dsinks;  // the sinks' pass of the biased loop
+  if (biased_dsinks) dsink.set_head(p, head);
   if (tma) mbar_wait(kv_full, 0);
   RingSlot<kStages> slot;  // this step's stage and the parity of its use
   for (int step = 0; step < steps; ++step, slot.advance()) {
@@ -250,7 +248,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
       fence_registers(acc_dp);
     }
     if (biased_dsinks) {
-      common::add_dsinks_transposed<kBlockM / 8>(acc_s, acc_dp, lse2, sink2, t, dsink);
+      common::add_dsinks_transposed<kBlockM / 8>(acc_s, acc_dp, lse2, t, dsink);
     }
 
 #pragma unroll
@@ -357,7 +355,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim>::kNThreads, 1)
         (next_head != head || step + 1 == steps)) {
       dsink.flush(p, blk.batch, head, n0);
     }
-    if (biased_dsinks && next_head != head) sink2 = common::sink_log2_of(p, next_head);
+    if (biased_dsinks && next_head != head) dsink.set_head(p, next_head);
     head = next_head;
     m_block = next_m_block;
     if constexpr (!Cfg::kDkUnderNextStep) {
